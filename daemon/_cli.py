@@ -1,2 +1,48 @@
-def main():
-    print("cli")
+"""`mcpool`: the console script, dispatching to the daemon or the attach bridge.
+
+Every MCP client launches `mcpool attach` for every session, so this module stays stdlib-only
+and tiny, and each subcommand is imported only when chosen (no argparse: the bridge's start-up
+is user-visible latency, about 20-30 ms of budget, mostly the interpreter's own).
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """\
+usage: mcpool COMMAND [ARGS...]
+
+commands:
+  attach [--socket PATH] [--settings FILE]... [--name NAME]
+              a stdio MCP server relaying to the mcpool daemon (starting it when needed)
+  daemon ...  run the daemon in the foreground (`mcpool daemon --help`)
+  --version   print the version
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    if command == "attach":
+        from mcpool.daemon._attach import main as attach_main
+
+        return attach_main(rest)
+    if command == "daemon":
+        # The daemon module lands separately; until then mypy cannot see it.
+        from mcpool.daemon._daemon import (  # type: ignore[import-not-found, unused-ignore]
+            main as daemon_main,
+        )
+
+        status: int = daemon_main(rest)
+        return status
+    if command == "--version":
+        from mcpool import __version__
+
+        sys.stdout.write(f"mcpool {__version__}\n")
+        return 0
+    if command in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
+    problem = f"unknown command {command!r}" if command else "a command is required"
+    sys.stderr.write(f"{USAGE}\nmcpool: error: {problem}\n")
+    return 2

@@ -1,1 +1,57 @@
-"""pool layer."""
+"""mcpool.pool: upstream servers keyed by transport identity, shared between sessions."""
+
+from ._entry import (
+    TERMINAL_STATES,
+    EntryEvent,
+    EntryKey,
+    EntryListener,
+    EntryState,
+    Handle,
+    PoolEntry,
+    Snapshot,
+    close_deadline,
+    next_idle_since,
+    transition,
+)
+from ._fdio import FdWriter, WriterClosed, read_some
+from ._guardian import Guardian
+from ._pool import Pool, PoolOptions, RefreshRejected, backoff_delay, discover, is_crash_loop
+from ._spec import (
+    ServerSettings,
+    TransportIdentity,
+    identity_of,
+    redact_url,
+    transport_kind,
+)
+from ._upstream import StdioUpstream, UpstreamEvents
+
+__all__ = [
+    "TERMINAL_STATES",
+    "EntryEvent",
+    "EntryKey",
+    "EntryListener",
+    "EntryState",
+    "FdWriter",
+    "Guardian",
+    "Handle",
+    "Pool",
+    "PoolEntry",
+    "PoolOptions",
+    "RefreshRejected",
+    "ServerSettings",
+    "Snapshot",
+    "StdioUpstream",
+    "TransportIdentity",
+    "UpstreamEvents",
+    "WriterClosed",
+    "backoff_delay",
+    "close_deadline",
+    "discover",
+    "identity_of",
+    "is_crash_loop",
+    "next_idle_since",
+    "read_some",
+    "redact_url",
+    "transition",
+    "transport_kind",
+]

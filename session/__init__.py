@@ -1,1 +1,39 @@
-"""session layer."""
+"""mcpool.session: per-session views, registry generations, routing and reconciliation."""
+
+from ._names import MAX_NAME, exposed_name
+from ._policy import PolicyKey, normalize_include
+from ._reconcile import Action, ActionKind, Desired, Held, reconcile
+from ._registry import (
+    LIST_KINDS,
+    CandidateRejected,
+    RegistryGeneration,
+    Route,
+    build_candidate,
+    empty_generation,
+)
+from ._session import SERVER_CAPABILITIES, Session, new_session_id
+from ._view import Projection, SessionView, project
+
+__all__ = [
+    "LIST_KINDS",
+    "MAX_NAME",
+    "SERVER_CAPABILITIES",
+    "Action",
+    "ActionKind",
+    "CandidateRejected",
+    "Desired",
+    "Held",
+    "PolicyKey",
+    "Projection",
+    "RegistryGeneration",
+    "Route",
+    "Session",
+    "SessionView",
+    "build_candidate",
+    "empty_generation",
+    "exposed_name",
+    "new_session_id",
+    "normalize_include",
+    "project",
+    "reconcile",
+]

@@ -1,0 +1,374 @@
+"""`mcpool attach`: a stdio MCP server that relays its client to the mcpool daemon.
+
+Theory of operation. Every MCP client launches this once per session, so it must start fast: it
+imports only the stdlib (no trio, msgspec or argparse) and does no work the relay does not need.
+
+1. Connect to the daemon's Unix socket. Nobody there: start a daemon detached and retry until it
+   answers. Racing bridges may each start one; the daemon holds an flock on the lock file and a
+   loser exits 0 without touching the socket, so retrying the connect is all a bridge has to do.
+2. Send one `mcpool/attach` request and read exactly one response line. Bytes that arrived behind
+   that line belong to the MCP session and go to stdout first.
+3. Relay bytes both ways, unparsed, in one poll loop. Writes are non-blocking with one pending
+   buffer per direction, and POLLOUT is asked for only while that buffer holds bytes: a blocking
+   write could stop us reading the other direction and deadlock a client that writes before it
+   reads. A direction whose buffer passes HIGH_WATER stops reading, so memory stays bounded
+   while the other direction keeps flowing.
+
+Endings: stdin EOF half-closes the socket and the relay runs until the daemon closes (exit 0);
+the daemon closing first is an error (exit 1, one stderr line); a broken stdout means the client
+is gone (exit 0, quietly); SIGINT/SIGTERM exit 130/143 without a traceback.
+"""
+
+from __future__ import annotations
+
+import _socket
+import contextlib
+import fcntl
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from mcpool.daemon._paths import config_path, daemon_log_path, socket_path
+
+# `_socket`, not `socket`: the wrapper module pulls in selectors and enum tables, ~2 ms of every
+# client launch, for nothing this bridge uses.
+# Not `from typing import TYPE_CHECKING`: importing typing costs ~2 ms of every client launch, and
+# mypy treats any constant of this name the same way.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
+    from types import FrameType
+
+# A cold daemon imports trio and msgspec and loads settings: well under a second normally, but a
+# first run compiles .pyc files and a loaded machine is slower; 15 s only bounds a broken install.
+DAEMON_START_TIMEOUT = 15.0
+# Between connect attempts while a daemon starts: small next to its start-up, and not a spin.
+CONNECT_RETRY_INTERVAL = 0.015
+# The daemon may wait for upstream discovery before it answers; MCP clients give a server 30-60 s
+# to start, so this catches only a wedged daemon, never a slow upstream.
+ATTACH_RESPONSE_TIMEOUT = 120.0
+# The attach response is a few hundred bytes; anything this long is not a response.
+MAX_RESPONSE_LINE = 1 << 20
+# Unwritten bytes at which a direction stops reading (backpressure instead of unbounded memory).
+HIGH_WATER = 1 << 20
+READ_SIZE = 65536
+# While a losing daemon we started is still exiting, wake this often to reap it.
+REAP_INTERVAL_MS = 100
+
+USAGE = "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]\n"
+_BROKEN = select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+class AttachError(Exception):
+    """A failure explained to the user in one stderr line; exit status 1."""
+
+
+class _Signalled(BaseException):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Options:
+    def __init__(self) -> None:
+        self.socket: str | None = None
+        self.settings: list[str] = []
+        self.name: str | None = None
+
+
+def _parse(args: list[str]) -> _Options | int:
+    opts = _Options()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            sys.stdout.write(USAGE)
+            return 0
+        key, eq, value = arg.partition("=")
+        if key not in ("--socket", "--settings", "--name"):
+            return _usage_error(f"unrecognized argument {arg!r}")
+        if not eq:
+            i += 1
+            if i == len(args):
+                return _usage_error(f"{key} needs a value")
+            value = args[i]
+        if key == "--socket":
+            opts.socket = value
+        elif key == "--settings":
+            opts.settings.append(value)
+        else:
+            opts.name = value
+        i += 1
+    return opts
+
+
+def _usage_error(message: str) -> int:
+    sys.stderr.write(f"{USAGE}mcpool attach: error: {message}\n")
+    return 2
+
+
+def _raise_signalled(signum: int, frame: FrameType | None) -> None:
+    raise _Signalled(128 + signum)
+
+
+def main(args: list[str]) -> int:
+    parsed = _parse(args)
+    if isinstance(parsed, int):
+        return parsed
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_signalled)
+    try:
+        return _run(parsed)
+    except AttachError as exc:
+        sys.stderr.write(f"mcpool attach: {exc}\n")
+        return 1
+    except _Signalled as exc:
+        return exc.status
+
+
+def _run(opts: _Options) -> int:
+    sock_path = socket_path(opts.socket)
+    if opts.settings:
+        sources = [os.path.abspath(p) for p in opts.settings]
+    else:
+        sources = [str(config_path(None))]
+        local = os.path.abspath(".mcp.json")
+        if os.path.exists(local):
+            sources.append(local)
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # the directory was deleted under us
+        cwd = None
+    name = opts.name or (cwd and (os.path.basename(cwd) or cwd)) or "attach"
+    sock, started = connect_or_start(sock_path)
+    try:
+        params: dict[str, object] = {
+            "sources": sources,
+            "cwd": cwd,
+            "name": name,
+            "clientPid": os.getppid(),
+        }
+        result, leftover = attach(sock, params)
+        # A daemon we started that lost the start race exits on its own; it is still our child.
+        loser = None
+        if started is not None and started.pid != result.get("daemonPid"):
+            loser = started
+        return relay(sock, leftover, child=loser)
+    finally:
+        sock.close()
+
+
+def _connect(path: Path) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except OSError as exc:
+        sock.close()
+        raise AttachError(f"cannot connect to {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+def spawn_daemon(path: Path) -> subprocess.Popen[bytes]:
+    import subprocess  # only a cold start pays for it
+
+    stderr_path = daemon_log_path(path).with_name("daemon.stderr")
+    stderr_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(stderr_path, "ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mcpool", "daemon", "--socket", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            close_fds=True,
+            # A daemon outlives the project directory it was started from, and `-m` puts the
+            # working directory first on sys.path, where a project's own modules would shadow ours.
+            cwd="/",
+        )
+
+
+def connect_or_start(
+    path: Path,
+    spawn: Callable[[Path], subprocess.Popen[bytes]] = spawn_daemon,
+    timeout: float = DAEMON_START_TIMEOUT,
+) -> tuple[_socket.socket, subprocess.Popen[bytes] | None]:
+    """Connect to the daemon, starting one if nobody answers. Returns the process we started."""
+    sock = _connect(path)
+    if sock is not None:
+        return sock, None
+    proc = spawn(path)
+    deadline = time.monotonic() + timeout
+    log = daemon_log_path(path).with_name("daemon.stderr")
+    while True:
+        sock = _connect(path)
+        if sock is not None:
+            return sock, proc
+        status = proc.poll()
+        # 0 is a daemon that lost the start race: the winner's socket is on its way.
+        if status is not None and status != 0:
+            raise AttachError(f"the daemon failed to start (exit status {status}); see {log}")
+        if time.monotonic() >= deadline:
+            raise AttachError(f"no daemon answered at {path} within {timeout:g} s; see {log}")
+        time.sleep(CONNECT_RETRY_INTERVAL)
+
+
+def attach(sock: _socket.socket, params: dict[str, object]) -> tuple[dict[str, object], bytes]:
+    """Send the attach request; return its result and the session bytes read behind it."""
+    request = {"jsonrpc": "2.0", "id": 0, "method": "mcpool/attach", "params": params}
+    sock.settimeout(ATTACH_RESPONSE_TIMEOUT)
+    buf = bytearray()
+    try:
+        sock.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        while (end := buf.find(b"\n")) < 0:
+            if len(buf) > MAX_RESPONSE_LINE:
+                raise AttachError("the daemon's attach response is too long")
+            chunk = sock.recv(READ_SIZE)
+            if not chunk:
+                raise AttachError("the daemon closed the connection")
+            buf += chunk
+    except TimeoutError:
+        raise AttachError(
+            f"the daemon did not answer within {ATTACH_RESPONSE_TIMEOUT:g} s"
+        ) from None
+    except OSError as exc:
+        raise AttachError(f"the daemon closed the connection ({exc.strerror or exc})") from None
+    try:
+        response = json.loads(buf[:end])
+    except ValueError:
+        response = None
+    if not isinstance(response, dict):
+        raise AttachError(f"unexpected answer from the daemon: {bytes(buf[:end][:200])!r}")
+    error = response.get("error")
+    if isinstance(error, dict):
+        raise AttachError(_describe_error(error))
+    result = response.get("result")
+    if not isinstance(result, dict):
+        raise AttachError(f"unexpected answer from the daemon: {bytes(buf[:end][:200])!r}")
+    return result, bytes(buf[end + 1 :])
+
+
+def _describe_error(error: dict[str, object]) -> str:
+    message = str(error.get("message") or "attach refused")
+    data = error.get("data")
+    if isinstance(data, dict):
+        data = data.get("reason", data.get("message", json.dumps(data)))
+    return f"{message} ({data})" if data else message
+
+
+def relay(
+    sock: _socket.socket,
+    leftover: bytes = b"",
+    stdin_fd: int = 0,
+    stdout_fd: int = 1,
+    child: subprocess.Popen[bytes] | None = None,
+) -> int:
+    """Relay stdin -> socket and socket -> stdout until done; return the exit status."""
+    sock.setblocking(False)
+    sock_fd = sock.fileno()
+    out_flags = fcntl.fcntl(stdout_fd, fcntl.F_GETFL)
+    fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags | os.O_NONBLOCK)
+    try:
+        return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd, child)
+    finally:
+        # O_NONBLOCK lives on the open file description, which the client or a terminal shares.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags)
+
+
+def _relay_loop(
+    sock: _socket.socket,
+    sock_fd: int,
+    to_out: bytearray,
+    stdin_fd: int,
+    stdout_fd: int,
+    child: subprocess.Popen[bytes] | None,
+) -> int:
+    to_sock = bytearray()
+    stdin_eof = sock_eof = shut_wr = False
+    poller = select.poll()
+    masks: dict[int, int] = {}
+
+    def want(fd: int, mask: int) -> None:
+        old = masks.get(fd, 0)
+        if mask == old:
+            return
+        if not mask:
+            poller.unregister(fd)
+            del masks[fd]
+        elif not old:
+            poller.register(fd, mask)
+            masks[fd] = mask
+        else:
+            poller.modify(fd, mask)
+            masks[fd] = mask
+
+    while True:
+        if to_out:
+            try:
+                del to_out[: os.write(stdout_fd, to_out)]
+            except BlockingIOError:
+                pass
+            except OSError:  # EPIPE and friends: the client has gone away
+                return 0
+        if to_sock:
+            try:
+                del to_sock[: sock.send(to_sock)]
+            except BlockingIOError:
+                pass
+            except OSError:
+                sock_eof = True
+                to_sock.clear()
+        if stdin_eof and not to_sock and not shut_wr and not sock_eof:
+            shut_wr = True
+            try:
+                sock.shutdown(_socket.SHUT_WR)
+            except OSError:
+                sock_eof = True
+        if sock_eof and not to_out:
+            if stdin_eof:
+                return 0
+            sys.stderr.write("mcpool attach: the daemon closed the connection\n")
+            return 1
+
+        reading_stdin = not stdin_eof and not sock_eof and len(to_sock) < HIGH_WATER
+        want(stdin_fd, select.POLLIN if reading_stdin else 0)
+        sock_mask = select.POLLOUT if to_sock else 0
+        if not sock_eof and len(to_out) < HIGH_WATER:
+            sock_mask |= select.POLLIN
+        want(sock_fd, sock_mask)
+        want(stdout_fd, select.POLLOUT if to_out else 0)
+
+        if child is not None and child.poll() is not None:
+            child = None
+        for fd, events in poller.poll(REAP_INTERVAL_MS if child is not None else None):
+            if fd == stdin_fd:
+                try:
+                    data = os.read(stdin_fd, READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if data:
+                    to_sock += data
+                else:
+                    stdin_eof = True
+            elif fd == sock_fd and not sock_eof and events & (select.POLLIN | _BROKEN):
+                try:
+                    data = sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if data:
+                    to_out += data
+                else:
+                    sock_eof = True
+            # stdout's POLLOUT (or error) is acted on by the write at the top of the loop.

@@ -1,0 +1,755 @@
+"""The daemon process: socket listener, sessions, settings, admin API and bounded shutdown.
+
+Theory of operation: `Daemon.run` owns two nurseries. The pool's nursery holds one supervisor
+per upstream entry; the connection nursery holds the accept loop, the signal watcher and one
+task per client connection. Shutdown (L5) stops accepting, closes every session, then closes the
+pool (each entry per L4), all inside `shutdownTimeout`, and removes the socket.
+
+A connection's first message decides what it is (attach, admin, or an implicit attach for a raw
+MCP client). Session connections are relayed with direct fd I/O (`mcpool.pool._fdio`).
+Settings changes go through one reload gate (S7): a reload re-reads every settings file and
+reconciles the affected sessions one by one; each session also has its own lock so an attach's
+first reconciliation and a reload never interleave for one session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+import msgspec
+import trio
+from msgspec import UNSET
+
+from mcpool import __version__
+from mcpool.pool import (
+    FdWriter,
+    Guardian,
+    Pool,
+    PoolOptions,
+    ServerSettings,
+    identity_of,
+    read_some,
+)
+from mcpool.protocol import (
+    ATTACH_FAILED,
+    INVALID_PARAMS,
+    LineFramer,
+    McpoolError,
+    Message,
+    MessageTooLarge,
+    MethodNotFound,
+    SettingsError,
+    decode,
+    error_response,
+    response,
+)
+from mcpool.session import Desired, PolicyKey, Session, new_session_id
+
+from . import _paths
+from ._settings import (
+    DaemonOptions,
+    LoadedFile,
+    parse_server_entry,
+    read_settings_file,
+    settings_base_dir,
+)
+
+LISTEN_BACKLOG = 128
+LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
+FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
+
+
+class _SessionState:
+    """Daemon-side facts about one session: its settings sources and runtime overrides."""
+
+    def __init__(self, session: Session, sources: list[str]) -> None:
+        self.session = session
+        self.sources = sources
+        self.overrides: dict[str, tuple[ServerSettings, str]] = {}
+        self.lock = trio.Lock()
+
+
+class Daemon:
+    def __init__(self, sock_path: str, config_path: str, log_level: str | None = None) -> None:
+        self.sock_path = sock_path
+        self.config_path = config_path
+        self.pid = os.getpid()
+        self.started_wall = time.time()
+        self.started = 0.0
+        self.files: dict[str, LoadedFile] = {}
+        self.sessions: dict[str, _SessionState] = {}
+        self.settings_generation = 0
+        self.reload_gate = trio.Lock()
+        self.stop_requested = trio.Event()
+        self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
+        self.notes: list[str] = []
+        self._log_file: Any = None
+        self._cli_log_level = log_level
+        self.options = DaemonOptions()
+        self.pool: Pool | None = None
+        self.guardian: Guardian | None = None
+
+    # -- logging -------------------------------------------------------------------------------
+
+    def log(self, level: str, message: str, **fields: Any) -> None:
+        record = {"ts": round(time.time(), 3), "level": level, "msg": message, **fields}
+        line = json.dumps(record, default=str)
+        self.log_lines.append(line)
+        if self._log_file is not None:
+            try:
+                self._log_file.write(line + "\n")
+                self._log_file.flush()
+            except OSError:
+                pass
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def load_file(self, path: str) -> LoadedFile:
+        previous = self.files.get(path)
+        loaded = read_settings_file(path, now=time.time(), previous=previous)
+        loaded.generation = (previous.generation + 1) if previous else 1
+        self.files[path] = loaded
+        if loaded.status == "error":
+            self.log("error", f"settings file {path} not applied: {loaded.error}", path=path)
+        return loaded
+
+    def apply_daemon_options(self) -> None:
+        loaded = self.files.get(self.config_path)
+        opts = loaded.daemon if loaded and loaded.daemon else DaemonOptions()
+        if os.environ.get("MCPOOL_NO_POOL") == "1":
+            opts = msgspec.structs.replace(opts, pool=False)
+        self.options = opts
+        if self.pool is not None:
+            self.pool.options = self._pool_options()
+
+    def _pool_options(self) -> PoolOptions:
+        o = self.options
+        return PoolOptions(
+            drain_grace=o.drain_grace,
+            max_idle=o.max_idle,
+            max_line=o.max_message_bytes,
+            backoff_initial=o.backoff_initial,
+            backoff_max=o.backoff_max,
+        )
+
+    def desired_for(self, state: _SessionState) -> dict[str, Desired]:
+        merged: dict[str, tuple[ServerSettings, str]] = {}
+        for path in state.sources:
+            loaded = self.files.get(path)
+            if loaded is None:
+                loaded = self.load_file(path)
+            for name, entry in loaded.servers.items():
+                merged.pop(name, None)
+                merged[name] = (entry, path)
+        for name, (entry, source) in state.overrides.items():
+            merged.pop(name, None)
+            merged[name] = (entry, source)
+        desired: dict[str, Desired] = {}
+        session = state.session
+        for name, (entry, source) in merged.items():
+            if entry.disabled:
+                continue
+            key = PolicyKey.from_settings(entry)
+            base = (
+                settings_base_dir(source, self.config_path)
+                if source != "<runtime>"
+                else (session.cwd or os.path.expanduser("~"))
+            )
+            try:
+                identity = identity_of(
+                    name,
+                    entry,
+                    base_dir=base,
+                    session_roots=(session.cwd,) if session.cwd else (),
+                    policy=None if self.options.pool else key.encoded(),
+                )
+            except SettingsError as exc:
+                self.log("error", f"server '{name}' skipped: {exc.reason}", path=source)
+                continue
+            desired[name] = Desired(name, entry, identity, key, source)
+        return desired
+
+    async def apply_to_session(self, state: _SessionState) -> list[tuple[str, str]]:
+        async with state.lock:
+            if state.session.closed:
+                return []
+            return await state.session.apply_settings(
+                self.desired_for(state), self.settings_generation
+            )
+
+    async def reload(self) -> list[dict[str, Any]]:
+        """S7: re-read every file, then reconcile each session, under the one gate."""
+        async with self.reload_gate:
+            paths = {self.config_path}
+            for st in self.sessions.values():
+                paths.update(st.sources)
+            results = []
+            for path in sorted(paths):
+                loaded = self.load_file(path)
+                results.append({"path": path, "status": loaded.status, "error": loaded.error})
+            self.apply_daemon_options()
+            self.settings_generation += 1
+            for st in list(self.sessions.values()):
+                actions = await self.apply_to_session(st)
+                changed = [f"{n}: {a}" for n, a in actions if a != "keep"]
+                if changed:
+                    self.log("info", f"session {st.session.id} reconciled", actions=changed)
+            return results
+
+    # -- the process ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self.started = trio.current_time()
+        self.load_file(self.config_path)
+        self.apply_daemon_options()
+        self.guardian = Guardian()
+        listener = self._listen()
+        self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
+        try:
+            async with trio.open_nursery() as pool_nursery:
+                self.pool = Pool(pool_nursery, self._pool_options(), guardian=self.guardian)
+                async with trio.open_nursery() as conn_nursery:
+                    conn_nursery.start_soon(self._accept_loop, listener)
+                    conn_nursery.start_soon(self._watch_signals)
+                    await self.stop_requested.wait()
+                    self.log("info", "shutting down")
+                    listener.close()
+                    with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
+                        for st in list(self.sessions.values()):
+                            st.session.close("the daemon is shutting down")
+                        conn_nursery.cancel_scope.cancel()
+                        await self.pool.aclose()
+                    if scope.cancelled_caught:
+                        self.log("warning", "shutdown timed out; remaining upstreams are killed")
+                pool_nursery.cancel_scope.cancel()
+        finally:
+            try:
+                os.unlink(self.sock_path)
+            except OSError:
+                pass
+            if self.guardian is not None:
+                self.guardian.close()
+            self.log("info", "daemon stopped")
+        return 0
+
+    def _listen(self) -> trio.socket.SocketType:
+        sock_dir = os.path.dirname(self.sock_path)
+        try:
+            os.unlink(self.sock_path)  # we hold the lock: any socket file left here is stale
+        except FileNotFoundError:
+            pass
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            raw.bind(self.sock_path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.sock_path, 0o600)
+        os.chmod(sock_dir, 0o700)
+        raw.listen(LISTEN_BACKLOG)
+        return trio.socket.from_stdlib_socket(raw)
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    self.log("info", "SIGHUP: reloading settings")
+                    await self.reload()
+                else:
+                    self.log("info", f"received {signal.Signals(signum).name}")
+                    self.stop_requested.set()
+
+    async def _accept_loop(self, listener: trio.socket.SocketType) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    conn, _ = await listener.accept()
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        self.log("error", f"accept failed: {exc}")
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                nursery.start_soon(self._serve_connection, conn)
+
+    async def _serve_connection(self, tsock: trio.socket.SocketType) -> None:
+        fd = tsock.detach()
+        raw = socket.socket(fileno=fd)
+        try:
+            creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+            raw.setblocking(False)
+            if peer_uid != os.getuid():
+                self.log("warning", "refused a connection from another user", uid=peer_uid)
+                try:
+                    raw.send(
+                        error_response(
+                            None,
+                            ATTACH_FAILED,
+                            "Connection refused",
+                            {"reason": f"uid {peer_uid} is not the daemon's uid {os.getuid()}"},
+                        )
+                    )
+                except OSError:
+                    pass
+                return
+            await self._serve_peer(raw.fileno(), peer_pid)
+        finally:
+            raw.close()
+
+    async def _serve_peer(self, fd: int, peer_pid: int) -> None:
+        writer = FdWriter(fd, self.options.session_buffer_bytes)
+        framer = LineFramer(self.options.max_message_bytes)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            pending: list[bytes] = []
+            first: Message | None = None
+            with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
+                while first is None:
+                    data = await read_some(fd)
+                    if not data:
+                        nursery.cancel_scope.cancel()
+                        return
+                    try:
+                        lines = framer.feed(data)
+                    except MessageTooLarge as exc:
+                        await self._fail_and_close(writer, exc)
+                        nursery.cancel_scope.cancel()
+                        return
+                    while lines and first is None:
+                        line = lines.pop(0)
+                        try:
+                            decoded = decode(line)
+                        except McpoolError as exc:
+                            writer.write(self._error_line(None, exc))
+                            continue
+                        if isinstance(decoded, list):
+                            first = decoded[0]
+                            pending.append(line)
+                            break
+                        first = decoded
+                        if not (isinstance(first.method, str) and first.method.startswith("mcpool/")):
+                            pending.append(line)
+                    pending.extend(lines)
+            if first is None:
+                nursery.cancel_scope.cancel()
+                return
+            method = first.method if isinstance(first.method, str) else ""
+            if method.startswith("mcpool/admin/"):
+                await self._serve_admin(fd, writer, framer, first, pending)
+            else:
+                await self._serve_session(fd, writer, framer, first, pending, peer_pid)
+            with trio.move_on_after(1.0):
+                await writer.wait_drained()
+            nursery.cancel_scope.cancel()
+
+    async def _fail_and_close(self, writer: FdWriter, exc: McpoolError) -> None:
+        try:
+            writer.write(self._error_line(None, exc))
+        except Exception:  # noqa: BLE001 - the peer is being dropped anyway
+            return
+        with trio.move_on_after(1.0):
+            await writer.wait_drained()
+
+    @staticmethod
+    def _error_line(msg_id: Any, exc: McpoolError) -> bytes:
+        obj = exc.to_error_object()
+        return error_response(msg_id, obj.code, obj.message, obj.data)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def _serve_session(
+        self,
+        fd: int,
+        writer: FdWriter,
+        framer: LineFramer,
+        first: Message,
+        pending: list[bytes],
+        peer_pid: int,
+    ) -> None:
+        assert self.pool is not None
+        if first.method == "mcpool/attach":
+            try:
+                params = msgspec.json.decode(first.params) if first.params is not UNSET else {}
+                if not isinstance(params, dict):
+                    raise ValueError("params must be an object")
+                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]
+                cwd = params.get("cwd")
+                name = str(params.get("name") or "session")
+            except (ValueError, msgspec.DecodeError) as exc:
+                writer.write(
+                    error_response(first.id, INVALID_PARAMS, "Invalid attach", {"reason": str(exc)})
+                )
+                return
+        else:
+            sources, cwd, name = [self.config_path], None, "socket"
+        session = Session(
+            new_session_id(),
+            name=name,
+            cwd=cwd if isinstance(cwd, str) else None,
+            pool=self.pool,
+            out=writer,
+            page_size=self.options.page_size,
+            log=lambda text: self.log("warning", text),
+            attached_at=time.time(),
+        )
+        state = _SessionState(session, sources)
+        self.sessions[session.id] = state
+        self.log("info", "session attached", session=session.id, name=name, peer=peer_pid)
+        if first.method == "mcpool/attach":
+            writer.write(
+                response(first.id, {"session": session.id, "daemonPid": self.pid, "version": __version__})
+            )
+        try:
+            async with trio.open_nursery() as nursery:
+                session.on_close = lambda _s: nursery.cancel_scope.cancel()
+                nursery.start_soon(session.run_notifier)
+                nursery.start_soon(self.apply_to_session, state)
+                for line in pending:
+                    session.handle_line(line)
+                while not session.closed:
+                    data = await read_some(fd)
+                    if not data:
+                        break
+                    try:
+                        lines = framer.feed(data)
+                    except MessageTooLarge as exc:
+                        await self._fail_and_close(writer, exc)
+                        break
+                    for line in lines:
+                        session.handle_line(line)
+                session.close("the client disconnected")
+        finally:
+            session.close("the client disconnected")
+            self.sessions.pop(session.id, None)
+            self.log("info", "session detached", session=session.id, reason=session.close_reason)
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    async def _serve_admin(
+        self, fd: int, writer: FdWriter, framer: LineFramer, first: Message, pending: list[bytes]
+    ) -> None:
+        await self._admin_request(writer, first)
+        queue = list(pending)
+        while not self.stop_requested.is_set() or queue:
+            while queue:
+                line = queue.pop(0)
+                try:
+                    decoded = decode(line)
+                except McpoolError as exc:
+                    writer.write(self._error_line(None, exc))
+                    continue
+                for msg in decoded if isinstance(decoded, list) else [decoded]:
+                    await self._admin_request(writer, msg)
+            data = await read_some(fd)
+            if not data:
+                return
+            try:
+                queue = framer.feed(data)
+            except MessageTooLarge as exc:
+                await self._fail_and_close(writer, exc)
+                return
+
+    async def _admin_request(self, writer: FdWriter, msg: Message) -> None:
+        method = msg.method if isinstance(msg.method, str) else ""
+        command = method.removeprefix("mcpool/admin/")
+        handler = getattr(self, f"_admin_{command.replace('-', '_')}", None)
+        try:
+            params = msgspec.json.decode(msg.params) if msg.params is not UNSET else {}
+            if handler is None or not method.startswith("mcpool/admin/"):
+                raise MethodNotFound(method, f"no admin command {command!r}")
+            result = await handler(params if isinstance(params, dict) else {})
+        except McpoolError as exc:
+            if msg.id is not UNSET:
+                writer.write(self._error_line(msg.id, exc))
+            return
+        if msg.id is not UNSET:
+            writer.write(response(msg.id, result))
+
+    async def _admin_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.pool is not None
+        entries = self.pool.entries()
+        rss_total = 0
+        for e in entries:
+            rss_total += _tree_rss(e.upstream.pid if e.upstream else None) or 0
+        files = [
+            {
+                "path": f.path,
+                "kind": "daemon" if f.path == self.config_path else "settings",
+                "status": f.status,
+                "error": f.error,
+                "loaded_at": f.loaded_at,
+            }
+            for f in self.files.values()
+        ]
+        return {
+            "pid": self.pid,
+            "version": __version__,
+            "socket": self.sock_path,
+            "started_at": self.started_wall,
+            "uptime": round(trio.current_time() - self.started, 3),
+            "config": files,
+            "sessions": len(self.sessions),
+            "entries": len(entries),
+            "processes": sum(1 for e in entries if e.upstream is not None),
+            "rss": rss_total,
+            "daemon_rss": _tree_rss(self.pid, children=False),
+            "pooling": self.options.pool,
+            "registry_errors": [
+                {"session": sid, "error": st.session.last_error}
+                for sid, st in self.sessions.items()
+                if st.session.last_error
+            ],
+            "notes": self.notes,
+        }
+
+    async def _admin_servers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        assert self.pool is not None
+        out = []
+        now = trio.current_time()
+        for e in self.pool.entries():
+            up = e.upstream
+            started_at = (
+                self.started_wall + (up.started_at - self.started)
+                if up is not None and up.started_at is not None
+                else None
+            )
+            out.append(
+                {
+                    "name": e.name,
+                    "id": e.lifecycle_id,
+                    "fingerprint": e.identity.fingerprint,
+                    "state": e.state.value,
+                    "refs": sorted({h.session_id for h in e.handles.values()}),
+                    "pid": up.pid if up is not None else None,
+                    "started_at": started_at,
+                    "uptime": round(now - up.started_at, 3) if up and up.started_at else None,
+                    "transport": e.identity.kind,
+                    "era": up.era if up is not None else None,
+                    "protocol_version": up.protocol_version if up is not None else None,
+                    "restarts": e.restarts,
+                    "last_error": e.last_error,
+                    "rss": _tree_rss(up.pid if up else None),
+                    "tools": len(e.snapshot.tools),
+                    "transport_detail": e.identity.describe(),
+                }
+            )
+        return out
+
+    async def _admin_sessions(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for sid, st in self.sessions.items():
+            s = st.session
+            out.append(
+                {
+                    "id": sid,
+                    "name": s.name,
+                    "cwd": s.cwd,
+                    "attached_at": s.attached_at,
+                    "servers": list(s.views),
+                    "generation": s.registry.number,
+                    "settings_generation": s.settings_generation,
+                    "pending_notifications": len(s.pending_kinds),
+                    "notifications_sent": s.notifications_sent,
+                    "sources": st.sources,
+                    "last_error": s.last_error,
+                    "handles": [
+                        {
+                            "server": name,
+                            "id": v.handle.lifecycle_id if v.handle else None,
+                            "policy": v.key.canonical(),
+                            "prefix": v.prefix,
+                            "source": v.source,
+                        }
+                        for name, v in s.views.items()
+                    ],
+                }
+            )
+        return out
+
+    def _session_state(self, params: dict[str, Any]) -> _SessionState:
+        sid = params.get("session")
+        st = self.sessions.get(str(sid))
+        if st is None:
+            for cand in self.sessions.values():
+                if cand.session.name == sid:
+                    return cand
+            raise McpoolError(
+                f"no session {sid!r} is attached",
+                message=f"Unknown session {sid}",
+                code=INVALID_PARAMS,
+            )
+        return st
+
+    async def _admin_tools(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        st = self._session_state(params)
+        server = params.get("server")
+        gen = st.session.registry
+        out = []
+        for exposed, route in gen.tool_routes.items():
+            if server and route.view.name != server:
+                continue
+            out.append(
+                {
+                    "exposed": exposed,
+                    "kind": "tool",
+                    "server": route.view.name,
+                    "entry": route.view.handle.lifecycle_id if route.view.handle else None,
+                    "upstream": route.upstream_name,
+                }
+            )
+        for exposed, route in gen.prompt_routes.items():
+            if server and route.view.name != server:
+                continue
+            out.append(
+                {
+                    "exposed": exposed,
+                    "kind": "prompt",
+                    "server": route.view.name,
+                    "entry": route.view.handle.lifecycle_id if route.view.handle else None,
+                    "upstream": route.upstream_name,
+                }
+            )
+        return out
+
+    async def _admin_stop(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.stop_requested.set()
+        return {"pid": self.pid}
+
+    async def _admin_reload(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"files": await self.reload()}
+
+    async def _admin_restart(self, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.pool is not None
+        name = str(params.get("name"))
+        entries = self.pool.restart(name)
+        if not entries:
+            raise McpoolError(
+                f"no running server is named {name!r}",
+                message=f"Unknown server {name}",
+                code=INVALID_PARAMS,
+            )
+        results = []
+        for entry in entries:
+            with trio.move_on_after(60):
+                while entry.upstream is None and not entry.closed.is_set():
+                    await trio.sleep(0.05)
+            results.append(
+                {
+                    "id": entry.lifecycle_id,
+                    "result": entry.state.value,
+                    "pid": entry.upstream.pid if entry.upstream else None,
+                    "error": entry.last_error,
+                }
+            )
+        return {"entries": results}
+
+    async def _admin_logs(self, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.pool is not None
+        lines = int(params.get("lines") or 200)
+        name = params.get("name")
+        if not name:
+            return {"lines": list(self.log_lines)[-lines:]}
+        found: list[str] = []
+        matched = False
+        for e in self.pool.entries():
+            if e.name == name:
+                matched = True
+                tail = list(e.upstream.stderr_tail) if e.upstream else e.stderr_history
+                found.extend(tail)
+        if not matched:
+            raise McpoolError(
+                f"no server is named {name!r}", message=f"Unknown server {name}", code=INVALID_PARAMS
+            )
+        return {"lines": found[-lines:]}
+
+    async def _admin_setServer(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        st = self._session_state(params)
+        name = str(params.get("name"))
+        entry = parse_server_entry(name, params.get("entry"))
+        async with self.reload_gate:
+            before = dict(st.session.views)
+            st.overrides[name] = (entry, "<runtime>")
+            self.settings_generation += 1
+            actions = await self.apply_to_session(st)
+        action = dict(actions).get(name, "none")
+        view = st.session.views.get(name)
+        return {
+            "action": action,
+            "id": view.handle.lifecycle_id if view and view.handle else None,
+            "replaced": name in before and before.get(name) is not view,
+            "generation": st.session.registry.number,
+        }
+
+    _admin_set_server = _admin_setServer
+
+
+def _tree_rss(pid: int | None, children: bool = True) -> int | None:
+    if pid is None:
+        return None
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        total = proc.memory_info().rss
+        if children:
+            for child in proc.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except psutil.Error:
+                    pass
+        return int(total)
+    except Exception:  # noqa: BLE001 - a process may vanish between the two calls
+        return None
+
+
+def _take_lock(sock_path: str) -> int | None:
+    lock_path = str(_paths.lock_path(_paths.Path(sock_path)))
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mcpool daemon", description="Run the mcpool daemon.")
+    parser.add_argument("--socket", help="Unix socket path (default: $MCPOOL_SOCKET or XDG)")
+    parser.add_argument("--config", help="config file (default: $MCPOOL_CONFIG or XDG)")
+    parser.add_argument("--log-level", default=None)
+    args = parser.parse_args(argv)
+    sock_path = str(_paths.socket_path(args.socket))
+    config = str(_paths.config_path(args.config))
+    sock_dir = os.path.dirname(sock_path)
+    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
+    os.chmod(sock_dir, 0o700)
+    lock_fd = _take_lock(sock_path)
+    if lock_fd is None:
+        sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
+        return 0
+    daemon = Daemon(sock_path, config, args.log_level)
+    state = _paths.state_dir()
+    try:
+        os.makedirs(state, exist_ok=True)
+        daemon._log_file = open(_paths.daemon_log_path(_paths.Path(sock_path)), "a")  # noqa: SIM115
+    except OSError:
+        daemon._log_file = None
+    try:
+        return trio.run(daemon.run)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        os.close(lock_fd)

@@ -1,0 +1,144 @@
+"""Settings files: loading, validation with precise errors, and the last good version of each.
+
+A file that does not parse or does not validate leaves its previous good version in force; the
+error names the file, the server and the field (line and column for JSON syntax errors).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import msgspec
+
+from mcpool.pool import ServerSettings, transport_kind
+from mcpool.protocol import SettingsError
+
+DEFAULT_MAX_LINE = 16 * 1024 * 1024
+
+
+class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """The `"daemon"` object of the user config file."""
+
+    drain_grace: float = 30.0
+    max_idle: float = 300.0
+    pool: bool = True
+    page_size: int = 500
+    log_level: str = "info"
+    max_message_bytes: int = DEFAULT_MAX_LINE
+    # A client that stops reading is disconnected once this much is queued for it.
+    session_buffer_bytes: int = 8 * 1024 * 1024
+    shutdown_timeout: float = 10.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+
+
+class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):
+    mcp_servers: dict[str, ServerSettings] = msgspec.field(default_factory=dict)
+    # VS Code's mcp.json spells it "servers".
+    servers: dict[str, ServerSettings] = msgspec.field(default_factory=dict)
+    daemon: DaemonOptions | None = None
+
+
+class LoadedFile(msgspec.Struct, kw_only=True):
+    path: str
+    status: str  # ok | missing | error
+    servers: dict[str, ServerSettings] = msgspec.field(default_factory=dict)
+    daemon: DaemonOptions | None = None
+    error: str | None = None
+    loaded_at: float | None = None
+    generation: int = 0
+
+
+_doc_decoder = msgspec.json.Decoder(SettingsDocument)
+_PATH_RE = re.compile(r"at `\$\.(?P<path>[^`]*)`")
+_BYTE_RE = re.compile(r"\(byte (?P<byte>\d+)\)")
+
+
+def _line_col(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    col = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return line, col
+
+
+def parse_settings(data: bytes, path: str) -> SettingsDocument:
+    """Decode and validate one settings file; raise SettingsError naming file, server, field."""
+    try:
+        doc = _doc_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        m = _PATH_RE.search(text)
+        server = field = None
+        if m:
+            parts = re.split(r"\.|\[", m.group("path"))
+            if len(parts) >= 2 and parts[0] in ("mcpServers", "servers"):
+                server = parts[1]
+                field = ".".join(p.rstrip("]") for p in parts[2:]) or None
+            else:
+                field = m.group("path")
+        reason = _PATH_RE.sub("", text).strip(" -")
+        raise SettingsError(reason, path=path, server=server, field=field) from exc
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+        m = _BYTE_RE.search(text)
+        line = col = None
+        if m:
+            line, col = _line_col(data, int(m.group("byte")))
+        raise SettingsError(
+            f"not valid JSON: {_BYTE_RE.sub('', text).strip()}", path=path, line=line, column=col
+        ) from exc
+    servers = {**doc.servers, **doc.mcp_servers}
+    for name, entry in servers.items():
+        transport_kind(name, entry, path)
+        if not name or name != name.strip():
+            raise SettingsError(
+                "server names must be non-empty with no surrounding spaces",
+                path=path, server=name, field=None,
+            )
+    doc.mcp_servers = servers
+    return doc
+
+
+def parse_server_entry(name: str, entry: Any, source: str = "<runtime>") -> ServerSettings:
+    """Validate one server entry given at runtime (`daemonctl session set-server`)."""
+    data = msgspec.json.encode({"mcpServers": {name: entry}})
+    return parse_settings(data, source).mcp_servers[name]
+
+
+def read_settings_file(path: str, *, now: float, previous: LoadedFile | None) -> LoadedFile:
+    """Read `path`. On failure the previous good servers stay in force (status says error)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return LoadedFile(path=path, status="missing", loaded_at=now)
+    except OSError as exc:
+        return _failed(path, f"cannot read {path}: {exc.strerror}", previous, now)
+    if not data.strip():
+        return LoadedFile(path=path, status="ok", loaded_at=now)
+    try:
+        doc = parse_settings(data, path)
+    except SettingsError as exc:
+        return _failed(path, exc.message + ": " + exc.reason, previous, now)
+    return LoadedFile(
+        path=path, status="ok", servers=doc.mcp_servers, daemon=doc.daemon, loaded_at=now
+    )
+
+
+def _failed(path: str, error: str, previous: LoadedFile | None, now: float) -> LoadedFile:
+    return LoadedFile(
+        path=path,
+        status="error",
+        servers=previous.servers if previous else {},
+        daemon=previous.daemon if previous else None,
+        error=error,
+        loaded_at=now,
+    )
+
+
+def settings_base_dir(path: str, config_path: str) -> str:
+    """The folder a settings file's relative paths (and cwd-less stdio servers) refer to."""
+    if os.path.abspath(path) == os.path.abspath(config_path):
+        return os.path.expanduser("~")
+    return os.path.dirname(os.path.abspath(path))

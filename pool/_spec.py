@@ -1,0 +1,166 @@
+"""Server settings, transport identities and fingerprints (DESIGN I1-I3).
+
+A `ServerSettings` is one `mcpServers` entry as the user wrote it. The *transport identity* is the
+canonical form of the fields that decide which process (or remote endpoint) serves it; policy
+fields (trust, includeTools, excludeTools, alwaysLoadTools) and cosmetic ones (description,
+disabled) are deliberately not part of it, so sessions with different policies share one
+upstream. Identities are built once and captured by whoever holds them (I2): they are frozen
+tuples, never views onto the caller's mutable settings object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from mcpool.protocol import SettingsError
+
+TransportKind = Literal["stdio", "http", "sse"]
+Scope = Literal["shared", "workspace", "session"]
+
+FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
+
+
+class ServerSettings(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """One `mcpServers` entry. Unknown fields (other clients' extensions) are ignored."""
+
+    type: Literal["stdio", "http", "sse", "streamable-http", "streamableHttp"] | None = None
+    command: str | None = None
+    args: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    http_url: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    # Milliseconds, as in gemini-cli; bounds spawn + discovery and each upstream request.
+    timeout: float | None = None
+    trust: bool | UnsetType = UNSET
+    include_tools: list[str] | UnsetType = UNSET
+    exclude_tools: list[str] | UnsetType = UNSET
+    always_load_tools: bool | UnsetType = UNSET
+    description: str | None = None
+    disabled: bool = False
+    scope: Scope = "shared"
+    prefix: bool = True
+    roots: list[str] = msgspec.field(default_factory=list)
+
+
+def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> TransportKind:
+    """Which transport an entry uses: `type` when present, else command / httpUrl / url."""
+    if s.type is not None:
+        if s.type == "stdio":
+            if not s.command:
+                raise SettingsError(
+                    "type stdio needs a command", path=source, server=name, field="command"
+                )
+            return "stdio"
+        kind: TransportKind = "sse" if s.type == "sse" else "http"
+        if not (s.url or s.http_url):
+            raise SettingsError(
+                f"type {s.type} needs a url", path=source, server=name, field="url"
+            )
+        return kind
+    if s.command:
+        return "stdio"
+    if s.http_url:
+        return "http"
+    if s.url:
+        return "sse"
+    raise SettingsError(
+        "the server has neither command nor url", path=source, server=name, field="command"
+    )
+
+
+class TransportIdentity(msgspec.Struct, frozen=True, order=True):
+    """The canonical transport-defining fields of one server entry (I1). Hashable, immutable."""
+
+    name: str
+    kind: str
+    command: str | None
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str | None
+    url: str | None
+    headers: tuple[tuple[str, str], ...]
+    timeout: float | None
+    scope: str
+    # Workspace-scoped entries are shared only between sessions with the same roots.
+    roots: tuple[str, ...]
+    # Only with pooling switched off: the policy key joins the identity (issue: pool=false).
+    policy: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256(_identity_encoder.encode(self)).hexdigest()
+        return digest[:FINGERPRINT_CHARS]
+
+    def describe(self) -> dict[str, Any]:
+        """A display form that never shows env or header values (X2)."""
+        return {
+            "transport": self.kind,
+            "command": self.command,
+            "args": list(self.args),
+            "env": sorted(k for k, _ in self.env),
+            "cwd": self.cwd,
+            "url": redact_url(self.url) if self.url else None,
+            "headers": sorted(k for k, _ in self.headers),
+            "scope": self.scope,
+        }
+
+
+_identity_encoder = msgspec.json.Encoder()
+
+
+def identity_of(
+    name: str,
+    s: ServerSettings,
+    *,
+    base_dir: str | None = None,
+    session_roots: tuple[str, ...] = (),
+    policy: str | None = None,
+) -> TransportIdentity:
+    """Capture the transport identity of `s`.
+
+    `base_dir` is the folder the entry's relative paths mean something in: its settings file's
+    folder. A stdio server with no `cwd` runs there, as the clients that read `.mcp.json` run it
+    in the project, so two projects' `npx some-server .` are two identities, not one.
+    """
+    kind = transport_kind(name, s)
+    cwd: str | None = None
+    command = s.command
+    if kind == "stdio":
+        cwd = s.cwd
+        if cwd is not None and base_dir is not None and not os.path.isabs(cwd):
+            cwd = os.path.normpath(os.path.join(base_dir, cwd))
+        if cwd is None:
+            cwd = base_dir
+    url = s.http_url if kind == "http" and s.http_url else s.url if s.url else s.http_url
+    return TransportIdentity(
+        name=name,
+        kind=kind,
+        command=command,
+        args=tuple(s.args),
+        env=tuple(sorted(s.env.items())),
+        cwd=cwd,
+        url=url if kind != "stdio" else None,
+        headers=tuple(sorted((k.lower(), v) for k, v in s.headers.items())),
+        timeout=s.timeout,
+        scope=s.scope,
+        roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
+        policy=policy,
+    )
+
+
+def redact_url(url: str) -> str:
+    """Drop credentials and the query string from a URL before showing it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

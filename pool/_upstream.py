@@ -1,0 +1,415 @@
+"""One stdio upstream connection: a child process spoken to in newline-delimited JSON-RPC.
+
+Theory of operation: `StdioUpstream.run` is the single owner task of the child (STYLE: one owner
+per resource). It spawns the process in its own process group (so wrapper grandchildren such as
+`npx`/`uvx` are reachable with one `killpg`), registers the group with the guardian (L4: the
+groups die with the daemon even when it is SIGKILLed), performs the handshake and reports ready
+through `task_status.started()`. From then on:
+
+- requests go out synchronously (`send_request` writes straight to the pipe, see `_fdio`), each
+  under an id minted here and never reused (P2); the reply callback runs in the reader task;
+- the reader dispatches responses to their callbacks, answers `ping` and `roots/list` locally,
+  and hands everything else to the entry's event sink;
+- when the child exits or its stdout closes, every pending request fails at once with
+  `UpstreamClosed` naming the server, the exit status and the last stderr lines (L3).
+
+Closing (L4) is bounded at every step: close stdin, wait, SIGTERM the group, wait, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+import trio
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool import __version__
+from mcpool.protocol import (
+    INTERNAL_ERROR,
+    LATEST_HANDSHAKE,
+    LineFramer,
+    Message,
+    McpoolError,
+    UpstreamClosed,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    decode,
+    error_response,
+    notification,
+    request,
+    response,
+)
+from mcpool.protocol import (
+    MessageTooLarge as _MessageTooLarge,
+)
+
+from ._fdio import FdWriter, WriterClosed, read_some
+from ._spec import TransportIdentity
+
+STDERR_LINES = 500  # what `daemonctl logs NAME` can show of one upstream
+STDERR_TAIL_IN_ERRORS = 5  # stderr lines quoted in an UpstreamClosed error's data
+STDIN_CLOSE_GRACE = 2.0  # a well-behaved server exits on stdin EOF well within this
+SIGTERM_GRACE = 2.0  # time to exit after SIGTERM before the group is SIGKILLed
+SIGKILL_WAIT = 2.0  # SIGKILL cannot be ignored; this only bounds a zombie reap
+UPSTREAM_WRITE_BUFFER = 64 * 1024 * 1024  # a stuck child's stdin may hold this much before we fail
+
+
+ReplyCallback = Callable[[Message], None]
+
+
+class UpstreamEvents(Protocol):
+    """What a connection reports to its pool entry."""
+
+    def on_notification(self, method: str, params: Raw | UnsetType) -> None: ...
+
+    def on_server_request(self, upstream: StdioUpstream, msg: Message) -> None: ...
+
+
+class _GroupRegistry(Protocol):
+    def register(self, pgid: int) -> None: ...
+
+    def unregister(self, pgid: int) -> None: ...
+
+
+_result_decoder = msgspec.json.Decoder()
+
+
+class StdioUpstream:
+    def __init__(
+        self,
+        identity: TransportIdentity,
+        events: UpstreamEvents,
+        *,
+        guardian: _GroupRegistry | None,
+        max_line: int,
+        handshake_timeout: float,
+        roots: tuple[str, ...] = (),
+    ) -> None:
+        self.identity = identity
+        self.name = identity.name
+        self._events = events
+        self._guardian = guardian
+        self._max_line = max_line
+        self._handshake_timeout = handshake_timeout
+        self._roots = roots
+        self._next_id = 1
+        self._pending: dict[int, ReplyCallback] = {}
+        self._writer: FdWriter | None = None
+        self._close_requested = trio.Event()
+        self._exited = trio.Event()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self.pid: int | None = None
+        self.started_at: float | None = None
+        self.exit_status: int | None = None
+        self.closed_reason: str | None = None
+        self.protocol_version: str | None = None
+        self.server_capabilities: dict[str, Any] = {}
+        self.server_info: dict[str, Any] = {}
+        self.instructions: str | None = None
+        self.era = "handshake"
+
+    # -- sending (synchronous: no task switch on the hot path) -------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._writer is not None and not self._writer.closed and not self._exited.is_set()
+
+    def send_request(self, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback) -> int:
+        """Send a request; `on_reply` gets the response (or a synthesized error) exactly once."""
+        if not self.alive:
+            raise UpstreamClosed(self.name, f"server '{self.name}' is not running", **self._details())
+        uid = self._next_id
+        self._next_id += 1
+        self._pending[uid] = on_reply
+        raw = Raw(params) if isinstance(params, bytes) else params
+        self._write(request(uid, method, raw))
+        return uid
+
+    def send_notification(self, method: str, params: Any = UNSET) -> None:
+        if self.alive:
+            self._write(notification(method, params))
+
+    def forget(self, uid: int) -> bool:
+        """Drop a pending request (cancelled downstream): its late response is discarded (P2)."""
+        return self._pending.pop(uid, None) is not None
+
+    def cancel(self, uid: int, reason: str) -> None:
+        if self.forget(uid):
+            self.send_notification(
+                "notifications/cancelled", {"requestId": uid, "reason": reason}
+            )
+
+    def respond(self, msg_id: Any, result: Any) -> None:
+        if self.alive:
+            self._write(response(msg_id, result))
+
+    def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
+        if self.alive:
+            self._write(error_response(msg_id, code, message, data))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _write(self, data: bytes) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.write(data)
+        except WriterClosed:
+            self._close_requested.set()
+
+    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:
+        """Send a request of the daemon's own and wait for its decoded result."""
+        done = trio.Event()
+        box: list[Message] = []
+
+        def on_reply(msg: Message) -> None:
+            box.append(msg)
+            done.set()
+
+        raw = params if isinstance(params, Raw | UnsetType) else msgspec.Raw(msgspec.json.encode(params))
+        uid = self.send_request(method, raw, on_reply)
+        with trio.move_on_after(timeout) as scope:
+            await done.wait()
+        if scope.cancelled_caught:
+            self.cancel(uid, "timed out")
+            raise UpstreamTimeout(
+                self.name,
+                f"server '{self.name}' did not answer {method} within {timeout:g} s",
+                method=method,
+                timeout=timeout,
+            )
+        msg = box[0]
+        if msg.error is not UNSET:
+            err = _result_decoder.decode(msg.error)
+            text = err.get("message") if isinstance(err, dict) else err
+            raise McpoolError(
+                f"server '{self.name}' answered {method} with an error: {text}",
+                message=str(text),
+                code=err.get("code", INTERNAL_ERROR) if isinstance(err, dict) else INTERNAL_ERROR,
+                server=self.name,
+                method=method,
+                error=err,
+            )
+        return _result_decoder.decode(msg.result) if msg.result is not UNSET else None
+
+    def request_close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self._close_requested.set()
+
+    # -- the owner task -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED) -> None:
+        ident = self.identity
+        assert ident.command is not None
+        env = dict(os.environ)
+        env.update(dict(ident.env))
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = await trio.lowlevel.open_process(
+                [ident.command, *ident.args],
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
+                env=env,
+                cwd=ident.cwd if ident.cwd and os.path.isdir(ident.cwd) else None,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise UpstreamUnavailable(
+                self.name,
+                f"server '{self.name}' could not be started: {exc.strerror or exc}",
+                command=ident.command,
+            ) from exc
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        for fd in (in_w, out_r, err_r):
+            os.set_blocking(fd, False)
+        self.pid = proc.pid
+        self.started_at = trio.current_time()
+        if self._guardian is not None:
+            self._guardian.register(proc.pid)
+        self._writer = FdWriter(in_w, UPSTREAM_WRITE_BUFFER)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer.run)
+                nursery.start_soon(self._read_stdout, out_r)
+                nursery.start_soon(self._read_stderr, err_r)
+                nursery.start_soon(self._watch_exit, proc)
+                try:
+                    await self._handshake()
+                except BaseException:
+                    self.request_close("handshake failed")
+                    raise
+                task_status.started(self)
+                await self._close_requested.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._shutdown(proc, in_w)
+                os.close(out_r)
+                os.close(err_r)
+                if self._guardian is not None:
+                    self._guardian.unregister(proc.pid)
+                self._fail_pending()
+
+    async def _handshake(self) -> None:
+        result = await self.call(
+            "initialize",
+            {
+                "protocolVersion": LATEST_HANDSHAKE,
+                "capabilities": {"roots": {"listChanged": False}},
+                "clientInfo": {"name": "mcpool", "version": __version__},
+            },
+            timeout=self._handshake_timeout,
+        )
+        if not isinstance(result, dict):
+            raise UpstreamUnavailable(
+                self.name, f"server '{self.name}' sent an invalid initialize result"
+            )
+        self.protocol_version = result.get("protocolVersion")
+        caps = result.get("capabilities")
+        self.server_capabilities = caps if isinstance(caps, dict) else {}
+        info = result.get("serverInfo")
+        self.server_info = info if isinstance(info, dict) else {}
+        instr = result.get("instructions")
+        self.instructions = instr if isinstance(instr, str) else None
+        self.send_notification("notifications/initialized")
+
+    async def _watch_exit(self, proc: trio.Process) -> None:
+        self.exit_status = await proc.wait()
+        self._exited.set()
+        if self.closed_reason is None:
+            self.closed_reason = f"exited with status {self.exit_status}"
+        self._fail_pending()
+        self._close_requested.set()
+
+    async def _read_stdout(self, fd: int) -> None:
+        framer = LineFramer(self._max_line)
+        while True:
+            data = await read_some(fd)
+            if not data:
+                if self.closed_reason is None:
+                    self.closed_reason = "closed its stdout"
+                self._fail_pending()
+                self._close_requested.set()
+                return
+            try:
+                lines = framer.feed(data)
+            except _MessageTooLarge:
+                self.request_close(f"sent a message larger than {self._max_line} bytes")
+                return
+            for line in lines:
+                self._dispatch(line)
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            decoded = decode(line)
+        except McpoolError:
+            self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
+            return
+        for msg in decoded if isinstance(decoded, list) else (decoded,):
+            if msg.method is UNSET:
+                if isinstance(msg.id, int):
+                    cb = self._pending.pop(msg.id, None)
+                    if cb is not None:
+                        cb(msg)
+            elif msg.id is UNSET:
+                self._events.on_notification(msg.method, msg.params)
+            elif msg.method == "ping":
+                self.respond(msg.id, {})
+            elif msg.method == "roots/list":
+                self.respond(
+                    msg.id,
+                    {"roots": [{"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots]},
+                )
+            else:
+                self._events.on_server_request(self, msg)
+
+    async def _read_stderr(self, fd: int) -> None:
+        buf = b""
+        while True:
+            data = await read_some(fd)
+            if not data:
+                if buf:
+                    self.stderr_tail.append(buf.decode(errors="replace"))
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                self.stderr_tail.append(ln.decode(errors="replace").rstrip("\r"))
+            if len(buf) > 64 * 1024:
+                self.stderr_tail.append(buf.decode(errors="replace"))
+                buf = b""
+
+    def _details(self) -> dict[str, Any]:
+        return {
+            "exitStatus": self.exit_status,
+            "stderr": list(self.stderr_tail)[-STDERR_TAIL_IN_ERRORS:],
+        }
+
+    def _fail_pending(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        err = UpstreamClosed(
+            self.name,
+            f"server '{self.name}' {self.closed_reason or 'closed'} while the request was in flight",
+            **self._details(),
+        )
+        obj = err.to_error_object()
+        raw_error = msgspec.Raw(msgspec.json.encode(obj))
+        for uid, cb in pending.items():
+            cb(Message(jsonrpc="2.0", id=uid, error=raw_error))
+
+    async def _shutdown(self, proc: trio.Process, stdin_fd: int) -> None:
+        """L4: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait bounded."""
+        assert self._writer is not None
+        self._writer.close("closing")
+        try:
+            os.close(stdin_fd)
+        except OSError:
+            pass
+        pgid = proc.pid
+        if proc.returncode is None:
+            with trio.move_on_after(STDIN_CLOSE_GRACE):
+                await proc.wait()
+        _killpg(pgid, signal.SIGTERM)
+        if proc.returncode is None:
+            with trio.move_on_after(SIGTERM_GRACE):
+                await proc.wait()
+        # The group may hold grandchildren even after the leader exited (npx -> node).
+        _killpg(pgid, signal.SIGKILL)
+        if proc.returncode is None:
+            with trio.move_on_after(SIGKILL_WAIT):
+                await proc.wait()
+        self.exit_status = proc.returncode
+        self._exited.set()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _as_file_uri(root: str) -> str:
+    return root if "://" in root else "file://" + os.path.abspath(os.path.expanduser(root))
+
+
+def _root_name(root: str) -> str:
+    return os.path.basename(root.rstrip("/")) or root
+
+
+__all__ = ["StdioUpstream", "UpstreamEvents"]

@@ -1,0 +1,645 @@
+"""One attached client: its views, its registry generation, routing and notifications.
+
+Theory of operation: the daemon feeds each line the client sends to `Session.handle_line` and
+gives the session an `out` writer. Everything here is synchronous except `apply_settings` (which
+waits for new entries' first start) and the notifier task, so routing a call is: decode the
+envelope, look the exposed name up in the one captured `RegistryGeneration`, rewrite name and
+progress token, and write to the upstream's pipe — no task switch (S2: a request never mixes
+two generations).
+
+Until its first generation exists the session keeps the client's messages in a backlog (a
+client's initialize and tools/list must see its servers, not an empty list followed by a
+notification). Registry changes after that are published by one reference swap, compared
+canonically per list kind, and announced by the notifier task: only changed kinds, never for
+the first generation, only after `notifications/initialized`, coalesced while the socket has
+unsent data (S5).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import trio
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool import __version__
+from mcpool.pool import Handle, Pool, PoolEntry, StdioUpstream
+from mcpool.protocol import (
+    INVALID_REQUEST,
+    RESOURCE_NOT_FOUND,
+    InvalidParams,
+    McpoolError,
+    Message,
+    MethodNotFound,
+    UpstreamUnavailable,
+    decode,
+    error_response,
+    negotiate,
+    notification,
+    response,
+)
+
+from ._reconcile import ActionKind, Desired, Held, reconcile
+from ._registry import (
+    LIST_KINDS,
+    CandidateRejected,
+    RegistryGeneration,
+    Route,
+    build_candidate,
+    empty_generation,
+)
+from ._view import SessionView
+
+DEFAULT_PAGE_SIZE = 500  # most clients read one page; the SDK clients follow cursors
+
+SERVER_CAPABILITIES: dict[str, Any] = {
+    "tools": {"listChanged": True},
+    "prompts": {"listChanged": True},
+    "resources": {"listChanged": True, "subscribe": True},
+    "logging": {},
+    "completions": {},
+}
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class _RawError(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    error: Raw
+
+
+class _RawResult(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    result: Raw
+
+
+class Writer:
+    """What the session writes to (the daemon gives it an `FdWriter`)."""
+
+    buffered: int
+
+    def write(self, data: bytes) -> None: ...
+
+    async def wait_drained(self) -> None: ...
+
+
+class _InFlight:
+    """One forwarded request: the reply callback, and what cancelling it needs."""
+
+    __slots__ = ("client_id", "entry", "progress", "session", "uid", "upstream")
+
+    def __init__(
+        self, session: Session, client_id: Any, entry: PoolEntry, upstream: StdioUpstream
+    ) -> None:
+        self.session = session
+        self.client_id = client_id
+        self.entry = entry
+        self.upstream = upstream
+        self.uid = 0
+        self.progress: str | None = None
+
+    def __call__(self, msg: Message) -> None:
+        s = self.session
+        if s.inflight.get(self.client_id) is self:
+            del s.inflight[self.client_id]
+        if self.progress is not None:
+            self.entry.unregister_progress(self.progress)
+        if s.closed:
+            return
+        if msg.error is not UNSET:
+            s.send(_encoder.encode(_RawError("2.0", self.client_id, msg.error)) + b"\n")
+        else:
+            result = msg.result if msg.result is not UNSET else Raw(b"{}")
+            s.send(_encoder.encode(_RawResult("2.0", self.client_id, result)) + b"\n")
+
+
+def decode_params(params: Raw | UnsetType) -> dict[str, Any]:
+    if params is UNSET:
+        return {}
+    try:
+        value = _decoder.decode(params)
+    except msgspec.DecodeError as exc:
+        raise InvalidParams("params are not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise InvalidParams("params must be an object")
+    return value
+
+
+def _cursor(number: int, offset: int) -> str:
+    return base64.urlsafe_b64encode(f"{number}:{offset}".encode()).decode()
+
+
+def _offset(cursor: Any) -> int:
+    try:
+        _, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
+        value = int(off)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidParams("invalid cursor: not a cursor mcpool issued") from exc
+    if value < 0:
+        raise InvalidParams("invalid cursor: negative offset")
+    return value
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        name: str,
+        cwd: str | None,
+        pool: Pool,
+        out: Writer,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        log: Callable[[str], None] | None = None,
+        attached_at: float = 0.0,
+    ) -> None:
+        self.id = session_id
+        self.name = name
+        self.cwd = cwd
+        self.pool = pool
+        self.out = out
+        self.page_size = page_size
+        self._log = log or (lambda _msg: None)
+        self.attached_at = attached_at
+        self.views: dict[str, SessionView] = {}
+        self.registry: RegistryGeneration = empty_generation()
+        self._signature: tuple[Any, ...] = ()
+        self.ready = False
+        self._backlog: list[Message] = []
+        self.initialize_answered = False
+        self.initialized = False
+        self.protocol_version: str | None = None
+        self.client_capabilities: dict[str, Any] = {}
+        self.client_info: dict[str, Any] = {}
+        self.inflight: dict[Any, _InFlight] = {}
+        self.pending_kinds: set[str] = set()
+        self._notify_wake = trio.Event()
+        self.settings_generation = 0
+        self._reconciling = False
+        self._dirty = False
+        self.last_error: str | None = None
+        self.subscriptions: set[str] = set()
+        self.log_level: str | None = None
+        self.closed = False
+        self.close_reason: str | None = None
+        self.on_close: Callable[[Session], None] | None = None
+        self.notifications_sent = 0
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def held(self) -> dict[str, Held]:
+        out = {}
+        for name, view in self.views.items():
+            h = view.handle
+            assert h is not None
+            usable = not h.released and h.entry.state.value not in ("closed", "failed")
+            out[name] = Held(h.identity, view.key, view.prefix, view.source, usable)
+        return out
+
+    async def apply_settings(
+        self, desired: dict[str, Desired], settings_generation: int
+    ) -> list[tuple[str, str]]:
+        """Reconcile this session's handles with `desired` (R1-R6). Returns (server, action)."""
+        if settings_generation < self.settings_generation:
+            return []  # S6: a newer generation is already installed
+        self._reconciling = True
+        report: list[tuple[str, str]] = []
+        new_views: dict[str, SessionView] = {}
+        replay = False
+        waiting: list[Handle] = []
+        try:
+            for action in reconcile(desired, self.held()):
+                report.append((action.name, action.kind.value))
+                old = self.views.get(action.name)
+                d = action.desired
+                if action.kind is ActionKind.RELEASE:
+                    assert old is not None and old.handle is not None
+                    self.pool.release(old.handle)
+                    replay = True
+                    continue
+                assert d is not None
+                if action.kind is ActionKind.KEEP:
+                    assert old is not None
+                    new_views[d.name] = old
+                elif action.kind is ActionKind.REFRESH:
+                    assert old is not None and old.handle is not None
+                    self.pool.refresh(old.handle, d.settings)
+                    replay |= old.update(d.key, prefix=d.settings.prefix, source=d.source)
+                    new_views[d.name] = old
+                else:  # ACQUIRE, REPLACE
+                    if old is not None and old.handle is not None:
+                        self.pool.release(old.handle)
+                    view = SessionView(
+                        self, d.name, d.key, prefix=d.settings.prefix, source=d.source
+                    )
+                    view.handle = self.pool.lease(d.identity, d.settings, self.id, view)
+                    waiting.append(view.handle)
+                    new_views[d.name] = view
+                    replay = True
+            self.views = {name: new_views[name] for name in desired if name in new_views}
+            for handle in waiting:
+                await handle.entry.ready.wait()
+        finally:
+            self._reconciling = False
+        if self.closed:
+            return report
+        self.settings_generation = settings_generation
+        if replay or self._dirty or not self.ready:
+            self._dirty = False
+            self.rebuild()
+        return report
+
+    def release_all(self) -> None:
+        for view in self.views.values():
+            if view.handle is not None:
+                self.pool.release(view.handle)
+
+    # -- generations ---------------------------------------------------------------------------
+
+    def views_changed(self) -> None:
+        if self._reconciling:
+            self._dirty = True
+        elif not self.closed:
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        views = list(self.views.values())
+        signature = tuple((id(v), v.projection()) for v in views)
+        if self.ready and signature == self._signature:
+            return
+        try:
+            cand = build_candidate(
+                views,
+                number=self.registry.number + 1,
+                settings_generation=self.settings_generation,
+            )
+        except CandidateRejected as exc:
+            self.last_error = str(exc)
+            self._log(f"session {self.id}: registry candidate rejected: {exc}")
+            if not self.ready:
+                self._become_ready()
+            return
+        self.last_error = None
+        prev = self.registry
+        changed = cand.changed_kinds(prev)
+        self.registry = cand
+        self._signature = signature
+        if not self.ready:
+            self._become_ready()
+            return
+        if changed and self.initialized and not self.closed:
+            self.pending_kinds.update(changed)
+            self._notify_wake.set()
+
+    def _become_ready(self) -> None:
+        self.ready = True
+        backlog, self._backlog = self._backlog, []
+        for msg in backlog:
+            self._handle(msg)
+
+    async def run_notifier(self) -> None:
+        """Send list_changed for changed kinds; coalesce while the socket has unsent data."""
+        while not self.closed:
+            await self._notify_wake.wait()
+            self._notify_wake = trio.Event()
+            if self.out.buffered:
+                await self.out.wait_drained()
+            kinds, self.pending_kinds = self.pending_kinds, set()
+            for kind in LIST_KINDS:
+                if kind in kinds:
+                    self.notifications_sent += 1
+                    self.send(notification(f"notifications/{kind}/list_changed"))
+
+    # -- output --------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self.out.write(data)
+        except Exception as exc:  # noqa: BLE001 - the writer failing means this session is over
+            self.close(str(exc))
+
+    def send_error(self, msg_id: Any, exc: McpoolError) -> None:
+        obj = exc.to_error_object()
+        self.send(error_response(msg_id, obj.code, obj.message, obj.data))
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        for flight in list(self.inflight.values()):
+            flight.upstream.cancel(flight.uid, "the client disconnected")
+            if flight.progress is not None:
+                flight.entry.unregister_progress(flight.progress)
+        self.inflight.clear()
+        self.release_all()
+        self._notify_wake.set()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def handle_line(self, line: bytes) -> None:
+        try:
+            decoded = decode(line)
+        except McpoolError as exc:
+            self.send_error(None, exc)
+            return
+        if isinstance(decoded, list):
+            for msg in decoded:
+                self.handle_message(msg)
+        else:
+            self.handle_message(decoded)
+
+    def handle_message(self, msg: Message) -> None:
+        if msg.jsonrpc != "2.0":
+            self.send(
+                error_response(
+                    msg.id if msg.id is not UNSET else None,
+                    INVALID_REQUEST,
+                    "jsonrpc must be \"2.0\"",
+                    {"reason": "not a JSON-RPC 2.0 message"},
+                )
+            )
+            return
+        if not self.ready and msg.method != "ping":
+            self._backlog.append(msg)
+            return
+        self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
+        method = msg.method
+        if method is UNSET:
+            return  # a response to a request of ours: none are sent to clients yet
+        if msg.id is UNSET:
+            self._notification(method, msg.params)
+            return
+        handler = _HANDLERS.get(method)
+        try:
+            if handler is None:
+                raise MethodNotFound(method, f"mcpool does not serve {method}")
+            handler(self, msg)
+        except McpoolError as exc:
+            self.send_error(msg.id, exc)
+
+    def _notification(self, method: str, params: Raw | UnsetType) -> None:
+        if method == "notifications/initialized":
+            # Out of order (before our initialize result) is ignored, per the handshake rules.
+            if self.initialize_answered:
+                self.initialized = True
+        elif method == "notifications/cancelled":
+            try:
+                p = decode_params(params)
+            except McpoolError:
+                return
+            flight = self.inflight.pop(p.get("requestId"), None)
+            if flight is not None:
+                flight.upstream.cancel(flight.uid, str(p.get("reason") or "cancelled by the client"))
+                if flight.progress is not None:
+                    flight.entry.unregister_progress(flight.progress)
+
+    # -- request handlers ----------------------------------------------------------------------
+
+    def _initialize(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        version = negotiate(p.get("protocolVersion") if isinstance(p.get("protocolVersion"), str) else None)
+        self.protocol_version = version
+        caps = p.get("capabilities")
+        self.client_capabilities = caps if isinstance(caps, dict) else {}
+        info = p.get("clientInfo")
+        self.client_info = info if isinstance(info, dict) else {}
+        result: dict[str, Any] = {
+            "protocolVersion": version,
+            "capabilities": SERVER_CAPABILITIES,
+            "serverInfo": {"name": "mcpool", "version": __version__},
+        }
+        instructions = self.registry.instructions()
+        if instructions:
+            result["instructions"] = instructions
+        self.send(response(msg.id, result))
+        self.initialize_answered = True
+
+    def _ping(self, msg: Message) -> None:
+        self.send(response(msg.id, {}))
+
+    def _list(self, msg: Message, kind: str, field: str) -> None:
+        gen = self.registry
+        p = decode_params(msg.params)
+        items: tuple[dict[str, Any], ...] = getattr(gen, kind)
+        cursor = p.get("cursor")
+        offset = _offset(cursor) if cursor is not None else 0
+        if offset == 0:
+            cached = gen.encoded.get(kind)
+            if cached is not None:
+                self.send(_encoder.encode(_RawResult("2.0", msg.id, Raw(cached))) + b"\n")
+                return
+        page = items[offset : offset + self.page_size]
+        result: dict[str, Any] = {field: page}
+        if offset + self.page_size < len(items):
+            result["nextCursor"] = _cursor(gen.number, offset + self.page_size)
+        encoded = _encoder.encode(result)
+        if offset == 0:
+            gen.encoded[kind] = encoded
+        self.send(_encoder.encode(_RawResult("2.0", msg.id, Raw(encoded))) + b"\n")
+
+    def _tools_list(self, msg: Message) -> None:
+        self._list(msg, "tools", "tools")
+
+    def _prompts_list(self, msg: Message) -> None:
+        self._list(msg, "prompts", "prompts")
+
+    def _resources_list(self, msg: Message) -> None:
+        self._list(msg, "resources", "resources")
+
+    def _templates_list(self, msg: Message) -> None:
+        self._list(msg, "resource_templates", "resourceTemplates")
+
+    def _tools_call(self, msg: Message) -> None:
+        gen = self.registry
+        p = decode_params(msg.params)
+        name = p.get("name")
+        route = gen.tool_routes.get(name) if isinstance(name, str) else None
+        if route is None:
+            raise InvalidParams(
+                f"unknown tool: {name}: no server of this session exposes it",
+                message=f"Unknown tool: {name}",
+                tool=name,
+            )
+        p["name"] = route.upstream_name
+        self._forward(msg, route.view, "tools/call", p)
+
+    def _prompts_get(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        name = p.get("name")
+        route = self.registry.prompt_routes.get(name) if isinstance(name, str) else None
+        if route is None:
+            raise InvalidParams(
+                f"unknown prompt: {name}: no server of this session exposes it",
+                message=f"Unknown prompt: {name}",
+                prompt=name,
+            )
+        p["name"] = route.upstream_name
+        self._forward(msg, route.view, "prompts/get", p)
+
+    def _resource_view(self, uri: Any) -> SessionView:
+        gen = self.registry
+        if isinstance(uri, str):
+            view = gen.resource_routes.get(uri)
+            if view is not None:
+                return view
+            for pattern, template, tview in gen.template_routes:
+                if template == uri or pattern.match(uri):
+                    return tview
+            with_resources = [
+                v for v in gen.views if "resources" in v.projection().capabilities
+            ]
+            if len(with_resources) == 1:
+                return with_resources[0]
+        raise McpoolError(
+            f"no server of this session listed the resource {uri}",
+            message="Resource not found",
+            code=RESOURCE_NOT_FOUND,
+            uri=uri,
+        )
+
+    def _resources_read(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        self._forward(msg, self._resource_view(p.get("uri")), "resources/read", p)
+
+    def _subscribe(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        uri = p.get("uri")
+        view = self._resource_view(uri)
+        if isinstance(uri, str):
+            self.subscriptions.add(uri)
+        self._forward(msg, view, "resources/subscribe", p)
+
+    def _unsubscribe(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        uri = p.get("uri")
+        view = self._resource_view(uri)
+        self.subscriptions.discard(uri if isinstance(uri, str) else "")
+        self._forward(msg, view, "resources/unsubscribe", p)
+
+    def _complete(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        ref = p.get("ref")
+        if not isinstance(ref, dict):
+            raise InvalidParams("completion/complete needs a ref object")
+        if ref.get("type") == "ref/prompt":
+            route: Route | None = self.registry.prompt_routes.get(str(ref.get("name")))
+            if route is None:
+                raise InvalidParams(
+                    f"unknown prompt: {ref.get('name')}: no server of this session exposes it",
+                    prompt=ref.get("name"),
+                )
+            p["ref"] = {**ref, "name": route.upstream_name}
+            self._forward(msg, route.view, "completion/complete", p)
+        else:
+            self._forward(msg, self._resource_view(ref.get("uri")), "completion/complete", p)
+
+    def _set_level(self, msg: Message) -> None:
+        p = decode_params(msg.params)
+        level = p.get("level")
+        if level not in LOG_LEVELS:
+            raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
+        self.log_level = level
+        for view in self.registry.views:
+            entry = view.handle.entry if view.handle else None
+            if entry is not None and entry.upstream is not None and "logging" in entry.snapshot.capabilities:
+                entry.upstream.send_request(
+                    "logging/setLevel", _encoder.encode({"level": level}), _ignore_reply
+                )
+        self.send(response(msg.id, {}))
+
+    def _forward(self, msg: Message, view: SessionView, method: str, params: dict[str, Any]) -> None:
+        handle = view.handle
+        assert handle is not None
+        entry = handle.entry
+        upstream = entry.upstream
+        if upstream is None or not upstream.alive:
+            raise UpstreamUnavailable(
+                view.name,
+                f"server '{view.name}' is not available ({entry.state.value})",
+                state=entry.state.value,
+                lastError=entry.last_error,
+            )
+        client_id = msg.id
+        flight = _InFlight(self, client_id, entry, upstream)
+        meta = params.get("_meta")
+        if isinstance(meta, dict) and "progressToken" in meta:
+            flight.progress = entry.register_progress(handle, meta["progressToken"])
+            params["_meta"] = {**meta, "progressToken": flight.progress}
+        self.inflight[client_id] = flight
+        try:
+            flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
+        except McpoolError:
+            self.inflight.pop(client_id, None)
+            if flight.progress is not None:
+                entry.unregister_progress(flight.progress)
+            raise
+
+    # -- from upstreams ------------------------------------------------------------------------
+
+    def upstream_notification(self, view: SessionView, method: str, params: Raw | UnsetType) -> None:
+        if self.closed or not self.initialize_answered:
+            return
+        if method == "notifications/message":
+            if self.log_level is not None:
+                try:
+                    level = decode_params(params).get("level")
+                except McpoolError:
+                    level = None
+                if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+                    return
+            self.send(notification(method, params))
+        elif method == "notifications/progress":
+            self.send(notification(method, params))
+        elif method == "notifications/resources/updated":
+            try:
+                uri = decode_params(params).get("uri")
+            except McpoolError:
+                return
+            if uri in self.subscriptions:
+                self.send(notification(method, params))
+
+    def server_request(self, view: SessionView, upstream: StdioUpstream, msg: Message) -> bool:
+        return False  # sampling/elicitation relay: see the protocol-eras work
+
+
+def _ignore_reply(msg: Message) -> None:
+    pass
+
+
+_HANDLERS: dict[str, Callable[[Session, Message], None]] = {
+    "initialize": Session._initialize,
+    "ping": Session._ping,
+    "tools/list": Session._tools_list,
+    "tools/call": Session._tools_call,
+    "prompts/list": Session._prompts_list,
+    "prompts/get": Session._prompts_get,
+    "resources/list": Session._resources_list,
+    "resources/templates/list": Session._templates_list,
+    "resources/read": Session._resources_read,
+    "resources/subscribe": Session._subscribe,
+    "resources/unsubscribe": Session._unsubscribe,
+    "completion/complete": Session._complete,
+    "logging/setLevel": Session._set_level,
+}
+
+_session_ids = itertools.count(1)
+
+
+def new_session_id() -> str:
+    return f"s{next(_session_ids)}"

@@ -1,0 +1,143 @@
+"""Session views: one entry's snapshot projected through one session's policy key.
+
+Theory of operation: a `SessionView` belongs to one session and one handle. It captures its
+`PolicyKey` (I2: a settings object mutated after it was handed over changes nothing here) and
+projects the entry's current snapshot on demand. Projection clones what it changes (the exposed
+name and `_meta`); the entry's snapshot stays shared and untouched. Equal inputs give the same
+projection object, shared between sessions through a small cache, so a thousand sessions with
+the same policy hold one projected list, not a thousand.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import Raw, UnsetType
+
+from mcpool.pool import Handle, PoolEntry, Snapshot
+from mcpool.protocol import Message
+
+from ._names import exposed_name
+from ._policy import PolicyKey
+
+if TYPE_CHECKING:
+    from mcpool.pool import StdioUpstream
+
+    from ._session import Session
+
+
+class Projection(msgspec.Struct, frozen=True, weakref=True):
+    """One snapshot through one policy: served items with their exposed and upstream names."""
+
+    generation: int
+    available: bool
+    tools: tuple[tuple[str, str, dict[str, Any]], ...]  # (exposed, upstream, served tool)
+    prompts: tuple[tuple[str, str, dict[str, Any]], ...]
+    hidden_tools: tuple[str, ...]
+    resources: tuple[dict[str, Any], ...]
+    resource_templates: tuple[dict[str, Any], ...]
+    instructions: str | None
+    capabilities: dict[str, Any]
+
+
+_ProjectionKey = tuple[str, int, PolicyKey, str, bool]
+_cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
+
+
+def project(
+    snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = True
+) -> Projection:
+    """Pure: filter by the policy and clone each visible tool with its exposed name and _meta."""
+    tools: list[tuple[str, str, dict[str, Any]]] = []
+    hidden: list[str] = []
+    for tool in snapshot.tools:
+        upstream = tool.get("name")
+        if not isinstance(upstream, str):
+            continue
+        if not key.allows(upstream):
+            hidden.append(upstream)
+            continue
+        meta = dict(tool.get("_meta") or {})
+        meta["mcpool/server"] = server
+        if key.trust is not None:
+            meta["mcpool/trust"] = key.trust
+        if key.always_load:
+            meta["anthropic/alwaysLoad"] = True
+            meta["mcpool/alwaysLoad"] = True
+        exposed = exposed_name(server, upstream, prefix=prefix)
+        tools.append((exposed, upstream, {**tool, "name": exposed, "_meta": meta}))
+    prompts: list[tuple[str, str, dict[str, Any]]] = []
+    for prompt in snapshot.prompts:
+        upstream = prompt.get("name")
+        if not isinstance(upstream, str) or not key.allows(upstream):
+            continue
+        exposed = exposed_name(server, upstream, prefix=prefix)
+        prompts.append((exposed, upstream, {**prompt, "name": exposed}))
+    return Projection(
+        generation=snapshot.generation,
+        available=snapshot.available,
+        tools=tuple(tools),
+        prompts=tuple(prompts),
+        hidden_tools=tuple(hidden),
+        resources=snapshot.resources,
+        resource_templates=snapshot.resource_templates,
+        instructions=snapshot.instructions,
+        capabilities=snapshot.capabilities,
+    )
+
+
+def shared_projection(
+    entry_id: str, snapshot: Snapshot, key: PolicyKey, server: str, prefix: bool
+) -> Projection:
+    cache_key = (entry_id, snapshot.generation, key, server, prefix)
+    found = _cache.get(cache_key)
+    if found is None:
+        found = project(snapshot, key, server, prefix=prefix)
+        _cache[cache_key] = found
+    return found
+
+
+class SessionView:
+    """The pool's view callback for one handle, and the session's window on one server."""
+
+    __slots__ = ("handle", "key", "name", "prefix", "session", "source")
+
+    def __init__(
+        self, session: Session, name: str, key: PolicyKey, *, prefix: bool, source: str | None
+    ) -> None:
+        self.session = session
+        self.name = name
+        self.key = key
+        self.prefix = prefix
+        self.source = source
+        self.handle: Handle | None = None
+
+    def projection(self) -> Projection:
+        assert self.handle is not None
+        entry = self.handle.entry
+        return shared_projection(
+            entry.lifecycle_id, entry.snapshot, self.key, self.name, self.prefix
+        )
+
+    def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:
+        """R2: adopt a new policy; True when the canonical view changed (a replay is due)."""
+        changed = key != self.key or prefix != self.prefix
+        self.key = key
+        self.prefix = prefix
+        self.source = source
+        return changed
+
+    # -- EntryListener -------------------------------------------------------------------------
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        self.session.views_changed()
+
+    def upstream_notification(
+        self, entry: PoolEntry, method: str, params: Raw | UnsetType
+    ) -> None:
+        self.session.upstream_notification(self, method, params)
+
+    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> bool:
+        return self.session.server_request(self, upstream, msg)

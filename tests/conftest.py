@@ -1,0 +1,36 @@
+"""Fixtures shared by every test package; the e2e machinery itself lives in e2e/harness.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from e2e.harness import DaemonFactory, load_peers
+
+
+@pytest.fixture
+async def daemon_factory(tmp_path: Path) -> AsyncIterator[DaemonFactory]:
+    """`await daemon_factory(servers, daemon=..., env=...)` -> a started DaemonProcess.
+
+    Teardown SIGKILLs every daemon still running and every process that mentions this test's
+    paths, whether or not the test stopped them cleanly.
+    """
+    factory = DaemonFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        await factory.aclose()
+
+
+@pytest.fixture(scope="session")
+def peers() -> dict[str, str]:
+    """The PEER_* paths from .peers/env.sh, installing the peers first when they are missing.
+
+    Skips only when MCPOOL_SKIP_PEERS=1: a missing peer is otherwise a failure, so CI cannot
+    go green by silently skipping the interoperability tests.
+    """
+    if os.environ.get("MCPOOL_SKIP_PEERS") == "1":
+        pytest.skip("MCPOOL_SKIP_PEERS=1")
+    return load_peers()

@@ -1,0 +1,300 @@
+"""The real `python -m mcpool attach` driven against a fake daemon (a Unix socket server thread)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from mcpool.daemon import _attach
+
+# Every wait in these tests is bounded by this; a healthy run takes milliseconds.
+WAIT = 10.0
+
+ATTACH_RESULT = {"session": "s-1", "daemonPid": 4242, "version": "0.1.0"}
+
+
+def _line(obj: object) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+class FakeDaemon:
+    """Answers the first line of each connection with `handler(conn, first_line_bytes)`."""
+
+    def __init__(self, path: Path, handler: Callable[[socket.socket, bytes], None]) -> None:
+        self.path = path
+        self.handler = handler
+        self.attach_requests: list[dict[str, object]] = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen()
+        self.listener.settimeout(WAIT)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(WAIT)
+            reader = conn.makefile("rb")
+            first = reader.readline()
+            self.attach_requests.append(json.loads(first))
+            # The bridge going away mid-conversation is some tests' point, not a fake's failure.
+            with contextlib.suppress(OSError):
+                self.handler(conn, reader)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(WAIT)
+
+
+def echo_after(extra: bytes = b"", goodbye: bytes = b"") -> Callable[[socket.socket, object], None]:
+    """Attach result (with `extra` in the same send), echo lines until EOF, then `goodbye`."""
+
+    def handler(conn: socket.socket, reader: object) -> None:
+        conn.sendall(_line({"jsonrpc": "2.0", "id": 0, "result": ATTACH_RESULT}) + extra)
+        for line in reader:
+            conn.sendall(line)
+        conn.sendall(goodbye)
+
+    return handler
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # Not tmp_path: a Unix socket path must fit in 108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="mcpt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_factory(sock_dir: Path) -> Iterator[Callable[..., FakeDaemon]]:
+    made: list[FakeDaemon] = []
+
+    def make(handler: Callable[[socket.socket, object], None]) -> FakeDaemon:
+        fake = FakeDaemon(sock_dir / "daemon.sock", handler)
+        made.append(fake)
+        return fake
+
+    yield make
+    for fake in made:
+        fake.close()
+
+
+def start_attach(sock: Path, cwd: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, XDG_CONFIG_HOME=str(cwd / "config"), XDG_STATE_HOME=str(cwd / "state"))
+    env.pop("MCPOOL_CONFIG", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mcpool", "attach", "--socket", str(sock), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def read_line(proc: subprocess.Popen[bytes]) -> bytes:
+    assert proc.stdout is not None
+    result: list[bytes] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()))
+    reader.start()
+    reader.join(WAIT)
+    assert result, "no line from mcpool attach in time"
+    return result[0]
+
+
+def test_relays_both_ways_and_keeps_bytes_sent_behind_the_response(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    hello = _line({"jsonrpc": "2.0", "method": "notifications/hello"})
+    fake = daemon_factory(echo_after(extra=hello))
+    (sock_dir / ".mcp.json").write_text("{}")
+    proc = start_attach(fake.path, sock_dir, "--name", "proj")
+    assert proc.stdin is not None
+    assert read_line(proc) == hello
+    for i in range(3):
+        msg = _line({"jsonrpc": "2.0", "id": i, "method": "ping"})
+        proc.stdin.write(msg)
+        proc.stdin.flush()
+        assert read_line(proc) == msg
+    out, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, out, err) == (0, b"", b"")
+
+    (request,) = fake.attach_requests
+    assert request["method"] == "mcpool/attach"
+    assert request["params"] == {
+        "sources": [str(sock_dir / "config/mcpool/config.json"), str(sock_dir / ".mcp.json")],
+        "cwd": str(sock_dir),
+        "name": "proj",
+        "clientPid": os.getpid(),
+    }
+
+
+def test_settings_replace_default_sources_and_name_defaults_to_cwd(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    fake = daemon_factory(echo_after())
+    work = sock_dir / "myproject"
+    work.mkdir()
+    proc = start_attach(fake.path, work, "--settings", "a.json", "--settings=/etc/b.json")
+    proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0
+    params = fake.attach_requests[0]["params"]
+    assert isinstance(params, dict)
+    assert params["sources"] == [str(work / "a.json"), "/etc/b.json"]
+    assert params["name"] == "myproject"
+
+
+def test_stdin_eof_half_closes_and_relays_until_the_daemon_closes(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    goodbye = _line({"jsonrpc": "2.0", "method": "bye"})
+    fake = daemon_factory(echo_after(goodbye=goodbye))
+    proc = start_attach(fake.path, sock_dir)
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    out, err = proc.communicate(msg, timeout=WAIT)
+    assert (proc.returncode, out, err) == (0, msg + goodbye, b"")
+
+
+def test_error_response_exits_1_with_the_message_and_reason(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    def refuse(conn: socket.socket, reader: object) -> None:
+        error = {"code": -31001, "message": "bad settings", "data": "x.json: not JSON"}
+        conn.sendall(_line({"jsonrpc": "2.0", "id": 0, "error": error}))
+
+    fake = daemon_factory(refuse)
+    proc = start_attach(fake.path, sock_dir)
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 1
+    assert out == b""
+    assert err == b"mcpool attach: bad settings (x.json: not JSON)\n"
+
+
+def test_daemon_going_away_exits_1_with_one_stderr_line(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    def answer_once(conn: socket.socket, reader: object) -> None:
+        conn.sendall(_line({"jsonrpc": "2.0", "id": 0, "result": ATTACH_RESULT}))
+        conn.sendall(reader.readline())
+
+    fake = daemon_factory(answer_once)
+    proc = start_attach(fake.path, sock_dir)
+    assert proc.stdin is not None
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    proc.stdin.write(msg)
+    proc.stdin.flush()
+    assert read_line(proc) == msg
+    assert proc.wait(WAIT) == 1  # stdin is still open
+    assert proc.stderr is not None
+    assert proc.stderr.read() == b"mcpool attach: the daemon closed the connection\n"
+    proc.stdin.close()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_sigterm_exits_143_without_a_traceback(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    fake = daemon_factory(echo_after())
+    proc = start_attach(fake.path, sock_dir)
+    assert proc.stdin is not None
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    proc.stdin.write(msg)
+    proc.stdin.flush()
+    assert read_line(proc) == msg  # relaying, so the handlers are installed
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, err) == (143, b"")
+
+
+def test_large_messages_flow_both_ways_at_once(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    fake = daemon_factory(echo_after())
+    proc = start_attach(fake.path, sock_dir)
+    # Several MiB, more than the relay's buffers plus the kernel's: only backpressure keeps it
+    # correct, and a blocking write in the wrong direction would deadlock.
+    payload = b"".join(_line({"id": i, "blob": "x" * 5000 + str(i)}) for i in range(1000))
+    out, err = proc.communicate(payload, timeout=WAIT * 3)
+    assert proc.returncode == 0, err
+    assert out == payload
+
+
+def test_usage_errors_exit_2() -> None:
+    for args in (["attach", "--bogus"], ["attach", "--socket"], ["nonsense"], []):
+        proc = subprocess.run(
+            [sys.executable, "-m", "mcpool", *args], capture_output=True, timeout=WAIT, check=False
+        )
+        assert proc.returncode == 2, args
+        assert b"usage:" in proc.stderr
+        assert proc.stdout == b""
+
+
+def test_version() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcpool", "--version"], capture_output=True, timeout=WAIT, check=True
+    )
+    assert proc.stdout.startswith(b"mcpool ")
+
+
+class FakeProcess:
+    def __init__(self, status: int | None) -> None:
+        self.pid = 99999999
+        self.status = status
+
+    def poll(self) -> int | None:
+        return self.status
+
+
+def test_cold_start_spawns_once_and_retries_until_the_socket_answers(sock_dir: Path) -> None:
+    path = sock_dir / "daemon.sock"
+    spawned: list[Path] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def spawn(p: Path) -> FakeProcess:
+        spawned.append(p)
+
+        def come_up() -> None:
+            time.sleep(0.1)  # the daemon importing trio and loading settings
+            listener.bind(str(p))
+            listener.listen()
+
+        threading.Thread(target=come_up, daemon=True).start()
+        return FakeProcess(None)
+
+    with listener:
+        sock, started = _attach.connect_or_start(path, spawn, timeout=WAIT)
+        sock.close()
+    assert spawned == [path]
+    assert isinstance(started, FakeProcess)
+
+
+def test_cold_start_keeps_retrying_after_losing_the_race_and_fails_fast_on_a_crash(
+    sock_dir: Path,
+) -> None:
+    path = sock_dir / "daemon.sock"
+    # A loser exits 0: keep waiting for the winner, up to the (here tiny) timeout.
+    with pytest.raises(_attach.AttachError, match="no daemon answered"):
+        _attach.connect_or_start(path, lambda p: FakeProcess(0), timeout=0.05)
+    began = time.monotonic()
+    with pytest.raises(_attach.AttachError, match=r"failed to start \(exit status 1\)"):
+        _attach.connect_or_start(path, lambda p: FakeProcess(1), timeout=WAIT)
+    assert time.monotonic() - began < 1.0

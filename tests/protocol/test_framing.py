@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcpool.protocol import DEFAULT_MAX_LINE, MESSAGE_TOO_LARGE, LineFramer, MessageTooLarge
+
+
+def test_default_limit() -> None:
+    assert LineFramer().max_line == DEFAULT_MAX_LINE == 16 * 1024 * 1024
+
+
+def test_complete_lines_in_one_chunk() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b'{"a":1}\n{"b":2}\n') == [b'{"a":1}', b'{"b":2}']
+    assert framer.pending() == 0
+
+
+def test_no_newline_buffers() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b'{"a"') == []
+    assert framer.pending() == 4
+    assert framer.feed(b":1}") == []
+    assert framer.feed(b"\n") == [b'{"a":1}']
+    assert framer.pending() == 0
+
+
+def test_line_split_across_chunks() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert framer.pending() == 4
+    assert framer.feed(b':2}\n{"c":3}\n{') == [b'{"b":2}', b'{"c":3}']
+    assert framer.pending() == 1
+
+
+def test_crlf_is_stripped() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b"one\r\ntwo\r") == [b"one"]
+    assert framer.feed(b"\nthree\n") == [b"two", b"three"]
+
+
+def test_only_a_trailing_cr_is_stripped() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b"a\rb\r\r\n") == [b"a\rb\r"]
+
+
+def test_blank_and_whitespace_lines_are_skipped() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b"\n\n \t\n\r\n x \n") == [b" x "]
+    assert framer.feed(b"  ") == []
+    assert framer.feed(b"\n") == []
+    assert framer.pending() == 0
+
+
+def test_many_one_byte_chunks() -> None:
+    framer = LineFramer(1 << 20)
+    payload = b'{"jsonrpc":"2.0","method":"x","params":{"p":"' + b"y" * 100_000 + b'"}}'
+    out: list[bytes] = []
+    for i in range(len(payload)):
+        out += framer.feed(payload[i : i + 1])
+    assert out == []
+    assert framer.pending() == len(payload)
+    assert framer.feed(b"\n") == [payload]
+
+
+def test_line_at_exactly_the_limit_is_accepted() -> None:
+    framer = LineFramer(5)
+    assert framer.feed(b"12345\n") == [b"12345"]
+    assert framer.feed(b"123") == []
+    assert framer.feed(b"45") == []
+    assert framer.feed(b"\n") == [b"12345"]
+
+
+def test_oversize_complete_line() -> None:
+    framer = LineFramer(5)
+    with pytest.raises(MessageTooLarge) as info:
+        framer.feed(b"ok\n123456\nlater\n")
+    assert info.value.code == MESSAGE_TOO_LARGE
+    assert info.value.data == {"reason": info.value.data["reason"], "limit": 5, "size": 6}
+
+
+def test_oversize_tail_raises_before_the_newline_arrives() -> None:
+    framer = LineFramer(5)
+    assert framer.feed(b"1234") == []
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b"56")
+    assert framer.pending() == 0
+
+
+def test_oversize_tail_after_complete_lines() -> None:
+    framer = LineFramer(5)
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b"ok\n123456")
+
+
+def test_oversize_across_chunks_of_a_complete_line() -> None:
+    framer = LineFramer(5)
+    assert framer.feed(b"123") == []
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b"456\n")
+
+
+def test_framer_stays_failed() -> None:
+    # The rest of an oversized line must never be read as new messages.
+    framer = LineFramer(5)
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b"123456")
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b'789\n{"ok":1}\n')
+
+
+def test_invalid_limit() -> None:
+    with pytest.raises(ValueError, match="max_line"):
+        LineFramer(0)
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(min_value=1, max_value=32))
+def test_framer_never_raises_other_errors_nor_overbuffers(chunks: list[bytes], limit: int) -> None:
+    framer = LineFramer(limit)
+    for chunk in chunks:
+        try:
+            lines = framer.feed(chunk)
+        except MessageTooLarge:
+            return
+        assert framer.pending() <= limit
+        for line in lines:
+            assert len(line) <= limit
+            assert b"\n" not in line
+            assert line.strip()
+
+
+@given(st.lists(st.binary(max_size=20), max_size=20), st.data())
+def test_framing_is_independent_of_chunking(lines: list[bytes], data: st.DataObject) -> None:
+    lines = [line.replace(b"\n", b"") for line in lines]
+    stream = b"".join(line + b"\n" for line in lines)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    framer = LineFramer(1000)
+    out: list[bytes] = []
+    start = 0
+    for cut in [*cuts, len(stream)]:
+        out += framer.feed(stream[start:cut])
+        start = cut
+    expected = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    assert out == [line for line in expected if line.strip()]
+    assert framer.pending() == 0

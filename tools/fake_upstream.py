@@ -1,0 +1,421 @@
+"""A stdlib-only MCP server over stdio (handshake era): mcpool's own test peer.
+
+Newline-delimited JSON-RPC on stdin/stdout, logs on stderr. It imports nothing outside the
+standard library so it starts in a few tens of milliseconds; pool and e2e tests spawn it by the
+hundred. Every tools/call runs in its own thread so a slow call never blocks the others; one
+lock keeps stdout writes whole lines.
+
+Tools: pid, echo, env, sleep, progress, crash, set_tools, log, fail, plus $FAKE_TOOLS
+(comma-separated, each returns its own name), $FAKE_TOOL_COUNT=N (tool_0..tool_{N-1}) and the
+dynamic set installed by set_tools. Environment switches:
+  FAKE_INSTRUCTIONS     "instructions" in the initialize result
+  FAKE_PAGE_SIZE        paginate tools/list, prompts/list and resources/list
+  FAKE_IGNORE_SIGTERM=1 ignore SIGTERM (teardown must escalate to SIGKILL)
+  FAKE_IGNORE_STDIN_EOF=1  keep running after stdin closes (default: exit 0)
+  FAKE_SPAWN_LOG=path   append "<pid>\\n" at start (count spawns)
+  FAKE_STARTUP_DELAY=s  sleep before reading stdin
+  FAKE_CHILD=1          spawn a long-lived grandchild, report "fake-upstream: child=N" on stderr
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_VERSION = "2025-11-25"
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+RESOURCE_NOT_FOUND = -32002
+
+PID = os.getpid()
+
+Json = dict[str, Any]
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"fake-upstream: {message}\n")
+    sys.stderr.flush()
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _schema(properties: Json | None = None, required: tuple[str, ...] = ()) -> Json:
+    return {"type": "object", "properties": properties or {}, "required": list(required)}
+
+
+def _text(text: str) -> Json:
+    return {"content": [{"type": "text", "text": text}]}
+
+
+BUILTIN_TOOLS: tuple[Json, ...] = (
+    {
+        "name": "pid",
+        "description": "Return the process id of this server.",
+        "inputSchema": _schema(),
+        "outputSchema": _schema({"pid": {"type": "integer"}}, ("pid",)),
+    },
+    {
+        "name": "echo",
+        "description": "Return the given text.",
+        "inputSchema": _schema({"text": {"type": "string"}}, ("text",)),
+    },
+    {
+        "name": "env",
+        "description": "Return the value of an environment variable, or an empty string.",
+        "inputSchema": _schema({"name": {"type": "string"}}, ("name",)),
+    },
+    {
+        "name": "sleep",
+        "description": "Wait the given number of seconds, then return 'slept'.",
+        "inputSchema": _schema({"seconds": {"type": "number"}}, ("seconds",)),
+    },
+    {
+        "name": "progress",
+        "description": "Send `steps` progress notifications `delay` seconds apart, then 'done'.",
+        "inputSchema": _schema(
+            {"steps": {"type": "integer"}, "delay": {"type": "number"}}, ("steps",)
+        ),
+    },
+    {
+        "name": "crash",
+        "description": "Exit immediately with the given code (default 3).",
+        "inputSchema": _schema({"code": {"type": "integer"}}),
+    },
+    {
+        "name": "set_tools",
+        "description": "Replace the dynamic tool set and send notifications/tools/list_changed.",
+        "inputSchema": _schema(
+            {"names": {"type": "array", "items": {"type": "string"}}}, ("names",)
+        ),
+    },
+    {
+        "name": "log",
+        "description": "Send a notifications/message with the given level and message.",
+        "inputSchema": _schema(
+            {"level": {"type": "string"}, "message": {"type": "string"}}, ("level", "message")
+        ),
+    },
+    {
+        "name": "fail",
+        "description": "Return a tool result with isError set.",
+        "inputSchema": _schema(),
+    },
+)
+
+
+def _named_tool(name: str) -> Json:
+    return {"name": name, "description": f"Return '{name}'.", "inputSchema": _schema()}
+
+
+GREET_PROMPT: Json = {
+    "name": "greet",
+    "description": "Greet someone by name.",
+    "arguments": [{"name": "name", "description": "Who to greet.", "required": True}],
+}
+README_URI = "fake://readme"
+ITEM_PREFIX = "fake://item/"
+
+
+class FakeServer:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.write_lock = threading.Lock()
+        # Guards the dynamic tool set and the in-flight table, both touched by call threads.
+        self.state_lock = threading.Lock()
+        self.dynamic_tools: tuple[str, ...] = ()
+        named = (n.strip() for n in env.get("FAKE_TOOLS", "").split(","))
+        counted = range(int(env.get("FAKE_TOOL_COUNT") or 0))
+        self.static_names = (*(n for n in named if n), *(f"tool_{i}" for i in counted))
+        page = env.get("FAKE_PAGE_SIZE")
+        self.page_size = int(page) if page else None
+        # request id -> Event set when the client cancels it.
+        self.in_flight: dict[Any, threading.Event] = {}
+        self.stdout_broken = False
+
+    # --- output ---------------------------------------------------------------------------
+
+    def send(self, message: Json) -> None:
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self.write_lock:
+            if self.stdout_broken:
+                return
+            try:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, OSError):
+                # The reader went away; keep running so EOF handling on stdin decides the exit.
+                self.stdout_broken = True
+
+    def notify(self, method: str, params: Json) -> None:
+        self.send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def reply(self, request_id: Any, result: Json) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    def reply_error(self, request_id: Any, code: int, message: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    def handle_line(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            self.reply_error(None, PARSE_ERROR, "parse error")
+            return
+        if not isinstance(message, dict):
+            self.reply_error(None, INVALID_REQUEST, "expected a JSON object")
+            return
+        method = message.get("method")
+        if not isinstance(method, str):
+            return  # A response to a request we never send: nothing to do.
+        params = message.get("params") or {}
+        if "id" not in message:
+            self.handle_notification(method, params)
+            return
+        request_id = message["id"]
+        if method == "tools/call":
+            cancelled = threading.Event()
+            with self.state_lock:
+                self.in_flight[request_id] = cancelled
+            threading.Thread(
+                target=self.run_call, args=(request_id, params, cancelled), daemon=True
+            ).start()
+            return
+        self.run_request(request_id, method, params)
+
+    def handle_notification(self, method: str, params: Json) -> None:
+        if method == "notifications/cancelled":
+            with self.state_lock:
+                event = self.in_flight.get(params.get("requestId"))
+            if event is not None:
+                event.set()
+
+    def run_request(self, request_id: Any, method: str, params: Json) -> None:
+        handler = self.handlers().get(method)
+        if handler is None:
+            self.reply_error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
+            return
+        try:
+            result = handler(params)
+        except RpcError as exc:
+            self.reply_error(request_id, exc.code, exc.message)
+            return
+        self.reply(request_id, result)
+
+    def run_call(self, request_id: Any, params: Json, cancelled: threading.Event) -> None:
+        try:
+            result = self.call_tool(params, request_id, cancelled)
+        except RpcError as exc:
+            if not cancelled.is_set():
+                self.reply_error(request_id, exc.code, exc.message)
+            return
+        finally:
+            with self.state_lock:
+                self.in_flight.pop(request_id, None)
+        # A cancelled request gets no response (the spec's SHOULD NOT respond).
+        if not cancelled.is_set():
+            self.reply(request_id, result)
+
+    def handlers(self) -> dict[str, Callable[[Json], Json]]:
+        return {
+            "initialize": self.initialize,
+            "ping": lambda _p: {},
+            "tools/list": lambda p: self.paginate(p, "tools", self.tools()),
+            "prompts/list": lambda p: self.paginate(p, "prompts", [GREET_PROMPT]),
+            "prompts/get": self.get_prompt,
+            "resources/list": lambda p: self.paginate(p, "resources", [self.readme()]),
+            "resources/templates/list": lambda _p: {
+                "resourceTemplates": [
+                    {"uriTemplate": ITEM_PREFIX + "{id}", "name": "item", "mimeType": "text/plain"}
+                ]
+            },
+            "resources/read": self.read_resource,
+            "resources/subscribe": lambda _p: {},
+            "resources/unsubscribe": lambda _p: {},
+            "completion/complete": lambda _p: {
+                "completion": {"values": ["alpha", "beta"], "hasMore": False}
+            },
+            "logging/setLevel": lambda _p: {},
+        }
+
+    # --- methods --------------------------------------------------------------------------
+
+    def initialize(self, params: Json) -> Json:
+        requested = params.get("protocolVersion")
+        result: Json = {
+            "protocolVersion": requested if requested in PROTOCOL_VERSIONS else LATEST_VERSION,
+            "capabilities": {
+                "tools": {"listChanged": True},
+                "prompts": {"listChanged": True},
+                "resources": {"listChanged": True, "subscribe": True},
+                "logging": {},
+                "completions": {},
+            },
+            "serverInfo": {"name": "fake-upstream", "version": "1.0"},
+        }
+        instructions = self.env.get("FAKE_INSTRUCTIONS")
+        if instructions is not None:
+            result["instructions"] = instructions
+        return result
+
+    def tools(self) -> list[Json]:
+        with self.state_lock:
+            dynamic = self.dynamic_tools
+        seen = {tool["name"] for tool in BUILTIN_TOOLS}
+        tools = list(BUILTIN_TOOLS)
+        for name in self.static_names + dynamic:
+            if name not in seen:
+                seen.add(name)
+                tools.append(_named_tool(name))
+        return tools
+
+    def paginate(self, params: Json, key: str, items: list[Json]) -> Json:
+        if self.page_size is None:
+            return {key: items}
+        cursor = params.get("cursor")
+        try:
+            start = int(cursor) if cursor is not None else 0
+        except (TypeError, ValueError):
+            raise RpcError(INVALID_PARAMS, f"invalid cursor: {cursor!r}") from None
+        if not 0 <= start <= len(items):
+            raise RpcError(INVALID_PARAMS, f"invalid cursor: {cursor!r}")
+        end = start + self.page_size
+        page: Json = {key: items[start:end]}
+        if end < len(items):
+            page["nextCursor"] = str(end)
+        return page
+
+    def get_prompt(self, params: Json) -> Json:
+        if params.get("name") != "greet":
+            raise RpcError(INVALID_PARAMS, f"unknown prompt: {params.get('name')!r}")
+        name = (params.get("arguments") or {}).get("name")
+        if not name:
+            raise RpcError(INVALID_PARAMS, "missing required argument: name")
+        return {
+            "description": "A greeting.",
+            "messages": [{"role": "user", "content": {"type": "text", "text": f"Hello, {name}!"}}],
+        }
+
+    def readme(self) -> Json:
+        return {"uri": README_URI, "name": "readme", "mimeType": "text/plain"}
+
+    def read_resource(self, params: Json) -> Json:
+        uri = params.get("uri")
+        if uri == README_URI:
+            text = f"hello from {PID}"
+        elif isinstance(uri, str) and uri.startswith(ITEM_PREFIX) and len(uri) > len(ITEM_PREFIX):
+            text = f"item {uri[len(ITEM_PREFIX) :]}"
+        else:
+            raise RpcError(RESOURCE_NOT_FOUND, f"resource not found: {uri!r}")
+        return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}
+
+    def call_tool(self, params: Json, request_id: Any, cancelled: threading.Event) -> Json:
+        name = params.get("name")
+        args = params.get("arguments") or {}
+        if name == "pid":
+            return {**_text(str(PID)), "structuredContent": {"pid": PID}}
+        if name == "echo":
+            return _text(str(args.get("text", "")))
+        if name == "env":
+            return _text(self.env.get(str(args.get("name", "")), ""))
+        if name == "sleep":
+            cancelled.wait(float(args.get("seconds", 0)))
+            return _text("slept")
+        if name == "progress":
+            return self.progress(params, args, cancelled)
+        if name == "crash":
+            # No flush, no cleanup: the point is an abrupt death mid-request.
+            os._exit(int(args.get("code", 3)))
+        if name == "set_tools":
+            names = args.get("names")
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise RpcError(INVALID_PARAMS, "names must be a list of strings")
+            with self.state_lock:
+                self.dynamic_tools = tuple(names)
+            self.notify("notifications/tools/list_changed", {})
+            return _text("ok")
+        if name == "log":
+            self.notify(
+                "notifications/message",
+                {"level": args.get("level", "info"), "logger": "fake", "data": args.get("message")},
+            )
+            return _text("logged")
+        if name == "fail":
+            return {"isError": True, "content": [{"type": "text", "text": "failed on purpose"}]}
+        with self.state_lock:
+            dynamic = self.dynamic_tools
+        if isinstance(name, str) and (name in self.static_names or name in dynamic):
+            return _text(name)
+        raise RpcError(INVALID_PARAMS, f"unknown tool: {name!r}")
+
+    def progress(self, params: Json, args: Json, cancelled: threading.Event) -> Json:
+        steps = int(args.get("steps", 1))
+        delay = float(args.get("delay", 0))
+        token = (params.get("_meta") or {}).get("progressToken")
+        for i in range(1, steps + 1):
+            if cancelled.is_set():
+                break
+            if token is not None:
+                self.notify(
+                    "notifications/progress",
+                    {"progressToken": token, "progress": i, "total": steps},
+                )
+            if delay and i < steps:
+                cancelled.wait(delay)
+        return _text("done")
+
+
+def main() -> None:
+    env = dict(os.environ)
+    log(f"started pid={PID}")
+    spawn_log = env.get("FAKE_SPAWN_LOG")
+    if spawn_log:
+        with open(spawn_log, "a") as f:
+            f.write(f"{PID}\n")
+    if env.get("FAKE_CHILD") == "1":
+        import subprocess
+
+        # Spawned before SIGTERM is ignored so the grandchild keeps the default disposition,
+        # and in our process group, like the node child of an `npx` wrapper.
+        child = subprocess.Popen(
+            ["sleep", "1000"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        log(f"child={child.pid}")
+    if env.get("FAKE_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    delay = env.get("FAKE_STARTUP_DELAY")
+    if delay:
+        time.sleep(float(delay))
+
+    server = FakeServer(env)
+    stdin = sys.stdin.buffer
+    while line := stdin.readline():
+        if line.strip():
+            server.handle_line(line)
+    if env.get("FAKE_IGNORE_STDIN_EOF") == "1":
+        log("stdin closed, ignoring")
+        while True:
+            time.sleep(3600)
+    log("stdin closed, exiting")
+    # os._exit skips joining call threads still sleeping: EOF means nobody waits for them.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
