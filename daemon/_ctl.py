@@ -261,7 +261,7 @@ def _cmd_restart(client: AdminClient, args: argparse.Namespace, as_json: bool) -
     if not entries:
         _print(f"no running entry of {_text(args.name)}")
         return EXIT_OK
-    table = _table("ENTRY", "RESULT", wrap=("RESULT",))
+    table = _table("ENTRY", "RESULT")
     for entry in entries:
         table.add_row(_text(entry.get("id")), _text(entry.get("result")))
     _print(table)
@@ -274,7 +274,7 @@ def _cmd_reload(client: AdminClient, args: argparse.Namespace, as_json: bool) ->
     if as_json:
         _print_json(result)
     else:
-        table = _table("FILE", "STATUS", "ERROR", wrap=("FILE", "ERROR"))
+        table = _table("FILE", "STATUS", "ERROR")
         for item in files:
             table.add_row(
                 _text(item.get("path")), _text(item.get("status")), _text(item.get("error"))
@@ -419,17 +419,20 @@ def _print(renderable: object) -> None:
     sys.stdout.write("".join(line.rstrip() + "\n" for line in capture.get().splitlines()))
 
 
-def _table(*columns: str, wrap: tuple[str, ...] = ()) -> Table:
+_IDENTIFIERS = frozenset({"NAME", "ID", "ENTRY", "SESSION", "EXPOSED"})
+
+
+def _table(*columns: str) -> Table:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
     for column in columns:
-        # On a narrow terminal only free text wraps: an id or a time split over two lines is
-        # harder to read and cannot be copied.
-        if column in wrap:
-            table.add_column(column, overflow="fold")
-        else:
+        # On a narrow terminal ids stay whole (they are what one copies into the next command);
+        # everything else folds rather than losing characters to an ellipsis.
+        if column in _IDENTIFIERS:
             table.add_column(column, no_wrap=True)
+        else:
+            table.add_column(column, overflow="fold")
     return table
 
 
@@ -484,7 +487,7 @@ def _render_status(status: dict[str, Any]) -> None:
     config = status.get("config") or []
     if config:
         sys.stdout.write("\n")
-        table = _table("CONFIG", "KIND", "STATUS", "LOADED", "ERROR", wrap=("CONFIG", "ERROR"))
+        table = _table("CONFIG", "KIND", "STATUS", "LOADED", "ERROR")
         for item in config:
             table.add_row(
                 _text(item.get("path")),
@@ -497,7 +500,7 @@ def _render_status(status: dict[str, Any]) -> None:
     errors = status.get("registry_errors") or []
     if errors:
         sys.stdout.write("\n")
-        table = _table("SESSION", "REGISTRY ERROR", wrap=("REGISTRY ERROR",))
+        table = _table("SESSION", "REGISTRY ERROR")
         for item in errors:
             table.add_row(_text(item.get("session")), _text(item.get("error")))
         _print(table)
@@ -511,17 +514,7 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
         return
     # Only these fields, by name: whatever else an entry carries (env, headers) is never shown.
     table = _table(
-        "NAME",
-        "ID",
-        "STATE",
-        "REFS",
-        "PID",
-        "STARTED",
-        "ERA",
-        "RESTARTS",
-        "RSS",
-        "LAST ERROR",
-        wrap=("LAST ERROR",),
+        "NAME", "ID", "STATE", "REFS", "PID", "STARTED", "ERA", "RESTARTS", "RSS", "LAST ERROR"
     )
     for server in servers:
         table.add_row(
@@ -543,9 +536,7 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
     if not sessions:
         _print("no sessions")
         return
-    table = _table(
-        "ID", "NAME", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING", wrap=("CWD", "SERVERS")
-    )
+    table = _table("ID", "NAME", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING")
     for session in sessions:
         table.add_row(
             _text(session.get("id")),

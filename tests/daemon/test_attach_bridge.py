@@ -298,3 +298,20 @@ def test_cold_start_keeps_retrying_after_losing_the_race_and_fails_fast_on_a_cra
     with pytest.raises(_attach.AttachError, match=r"failed to start \(exit status 1\)"):
         _attach.connect_or_start(path, lambda p: FakeProcess(1), timeout=WAIT)
     assert time.monotonic() - began < 1.0
+
+
+def test_broken_stdout_exits_0_quietly(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    fake = daemon_factory(echo_after())
+    proc = start_attach(fake.path, sock_dir)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdout.close()  # the client stops reading; the echo below then has nowhere to go
+    proc.stdin.write(_line({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+    proc.stdin.flush()
+    assert proc.wait(WAIT) == 0
+    assert proc.stderr.read() == b""
+    proc.stdin.close()
+    proc.stderr.close()
