@@ -25,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -161,6 +162,10 @@ class Daemon:
             if entry.disabled:
                 continue
             key = PolicyKey.from_settings(entry)
+            if not self.options.pool:
+                # Troubleshooting switch: every session connects its own upstreams, and the
+                # connected identity includes the policy key, so a policy change reconnects.
+                entry = msgspec.structs.replace(entry, scope="session")
             base = (
                 settings_base_dir(source, self.config_path)
                 if source != "<runtime>"
@@ -275,6 +280,8 @@ class Daemon:
             while True:
                 try:
                     conn, _ = await listener.accept()
+                except trio.ClosedResourceError:
+                    return  # shutdown closed the listener
                 except OSError as exc:
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         self.log("error", f"accept failed: {exc}")
@@ -715,7 +722,7 @@ def _tree_rss(pid: int | None, children: bool = True) -> int | None:
 
 
 def _take_lock(sock_path: str) -> int | None:
-    lock_path = str(_paths.lock_path(_paths.Path(sock_path)))
+    lock_path = str(_paths.lock_path(Path(sock_path)))
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -744,7 +751,7 @@ def main(argv: list[str]) -> int:
     state = _paths.state_dir()
     try:
         os.makedirs(state, exist_ok=True)
-        daemon._log_file = open(_paths.daemon_log_path(_paths.Path(sock_path)), "a")  # noqa: SIM115
+        daemon._log_file = open(_paths.daemon_log_path(Path(sock_path)), "a")  # noqa: SIM115
     except OSError:
         daemon._log_file = None
     try:

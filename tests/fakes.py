@@ -1,0 +1,281 @@
+"""Fakes of mcpool's own interfaces for socket-free, process-free pool and session tests.
+
+`FakeNet` is the `upstream_factory=` hook of `Pool`: it builds a `FakeUpstream` (the interface the
+pool uses of `StdioUpstream`) from a per-server `FakeServer` script. `FakeWriter` is the session's
+`out`, with a `buffered` count and a `wait_drained` the test controls.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import trio
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool.pool import (
+    Pool,
+    PoolOptions,
+    ServerSettings,
+    TransportIdentity,
+    UpstreamEvents,
+    identity_of,
+)
+from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
+from mcpool.session import Desired, PolicyKey
+
+_pids = itertools.count(10_000)
+
+
+def tool(name: str, description: str = "", **schema: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": description or f"the {name} tool",
+        "inputSchema": {"type": "object", **schema},
+    }
+
+
+class FakeServer:
+    """What one named upstream offers, and how its starts behave. Tests mutate it freely."""
+
+    def __init__(
+        self,
+        tools: list[dict[str, Any]] | None = None,
+        prompts: list[dict[str, Any]] | None = None,
+        resources: list[dict[str, Any]] | None = None,
+        instructions: str | None = None,
+    ) -> None:
+        self.tools = list(tools or [])
+        self.prompts = list(prompts or [])
+        self.resources = list(resources or [])
+        self.instructions = instructions
+        self.capabilities: dict[str, Any] = {"tools": {}, "prompts": {}, "resources": {}}
+        self.start_failures = 0  # the next N starts raise before the handshake completes
+        self.always_fail = False
+        self.start_gate: trio.Event | None = None  # when set, run() waits on it before starting
+        self.upstreams: list[FakeUpstream] = []
+
+    @property
+    def starts(self) -> int:
+        return len(self.upstreams)
+
+    @property
+    def current(self) -> FakeUpstream:
+        return self.upstreams[-1]
+
+
+class FakeNet:
+    """`Pool(upstream_factory=net.factory)`: one `FakeServer` per server name."""
+
+    def __init__(self, **servers: FakeServer) -> None:
+        self.servers = dict(servers)
+
+    def factory(
+        self,
+        identity: TransportIdentity,
+        events: UpstreamEvents,
+        *,
+        guardian: Any,
+        max_line: int,
+        handshake_timeout: float,
+        roots: tuple[str, ...] = (),
+    ) -> FakeUpstream:
+        server = self.servers.setdefault(identity.name, FakeServer())
+        upstream = FakeUpstream(server, identity, events, roots=roots)
+        server.upstreams.append(upstream)
+        return upstream
+
+
+class FakeUpstream:
+    """Mimics the part of `StdioUpstream` the pool and the session use; no process."""
+
+    def __init__(
+        self,
+        server: FakeServer,
+        identity: TransportIdentity,
+        events: UpstreamEvents,
+        *,
+        roots: tuple[str, ...] = (),
+    ) -> None:
+        self.server = server
+        self.identity = identity
+        self.name = identity.name
+        self.events = events
+        self.roots = roots
+        self.pid: int | None = None
+        self.started_at: float | None = None
+        self.closed_reason: str | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.server_capabilities: dict[str, Any] = {}
+        self.server_info: dict[str, Any] = {"name": identity.name}
+        self.protocol_version: str | None = None
+        self.instructions: str | None = None
+        self.era = "handshake"
+        self.sent: list[tuple[int, str, Any]] = []
+        self.cancelled: list[tuple[int, str]] = []
+        self.notifications: list[tuple[str, Any]] = []
+        self._pending: dict[int, Callable[[Message], None]] = {}
+        self._ids = itertools.count(1)
+        self._running = False
+        self._close = trio.Event()
+
+    @property
+    def alive(self) -> bool:
+        return self._running and not self._close.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        server = self.server
+        if server.start_gate is not None:
+            await server.start_gate.wait()
+        if server.always_fail or server.start_failures > 0:
+            server.start_failures = max(0, server.start_failures - 1)
+            self.closed_reason = "handshake failed"
+            raise UpstreamUnavailable(self.name, f"server '{self.name}' failed to start")
+        self.pid = next(_pids)
+        self.started_at = trio.current_time()
+        self.server_capabilities = dict(server.capabilities)
+        self.instructions = server.instructions
+        self.protocol_version = "2025-06-18"
+        self._running = True
+        task_status.started(self)
+        try:
+            await self._close.wait()
+        finally:
+            self._running = False
+            pending, self._pending = self._pending, {}
+            for uid, reply in pending.items():
+                reply(_error(uid, f"server '{self.name}' closed"))
+
+    def request_close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self._close.set()
+
+    def crash(self, status: int = 1) -> None:
+        """The process exits on its own: the pool sees a failure and restarts."""
+        self.request_close(f"exited with status {status}")
+
+    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:
+        await trio.lowlevel.checkpoint()
+        lists = {
+            "tools/list": ("tools", self.server.tools),
+            "prompts/list": ("prompts", self.server.prompts),
+            "resources/list": ("resources", self.server.resources),
+            "resources/templates/list": ("resourceTemplates", []),
+        }
+        if method in lists:
+            field, items = lists[method]
+            return {field: [json.loads(json.dumps(i)) for i in items]}
+        raise McpoolError(f"fake upstream: no {method}", server=self.name)
+
+    def send_request(
+        self, method: str, params: Raw | bytes | UnsetType, on_reply: Callable[[Message], None]
+    ) -> int:
+        if not self.alive:
+            raise UpstreamClosed(self.name, f"server '{self.name}' is not running")
+        uid = next(self._ids)
+        raw = bytes(params) if isinstance(params, Raw | bytes) else b"null"
+        self.sent.append((uid, method, msgspec.json.decode(raw)))
+        self._pending[uid] = on_reply
+        return uid
+
+    def reply(self, uid: int, result: Any) -> None:
+        self._pending.pop(uid)(
+            Message(jsonrpc="2.0", id=uid, result=Raw(msgspec.json.encode(result)))
+        )
+
+    def send_notification(self, method: str, params: Any = UNSET) -> None:
+        self.notifications.append((method, params))
+
+    def forget(self, uid: int) -> bool:
+        return self._pending.pop(uid, None) is not None
+
+    def cancel(self, uid: int, reason: str) -> None:
+        if self.forget(uid):
+            self.cancelled.append((uid, reason))
+
+    def respond(self, msg_id: Any, result: Any) -> None:
+        pass
+
+    def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
+        pass
+
+    def list_changed(self, kind: str = "tools") -> None:
+        self.events.on_notification(f"notifications/{kind}/list_changed", UNSET)
+
+
+def _error(uid: int, text: str) -> Message:
+    return Message(
+        jsonrpc="2.0",
+        id=uid,
+        error=Raw(msgspec.json.encode({"code": -32000, "message": text})),
+    )
+
+
+class FakeWriter:
+    """The session's `out`. `block()` makes it look full until `unblock()`."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.buffered = 0
+        self._drained = trio.Event()
+        self._drained.set()
+        self.drain_waits = 0
+
+    def write(self, data: bytes) -> None:
+        for line in data.splitlines():
+            if line.strip():
+                self.frames.append(json.loads(line))
+
+    async def wait_drained(self) -> None:
+        self.drain_waits += 1
+        await self._drained.wait()
+
+    def block(self) -> None:
+        self.buffered = 1
+        self._drained = trio.Event()
+
+    def unblock(self) -> None:
+        self.buffered = 0
+        self._drained.set()
+
+    def notifications(self, kind: str | None = None) -> list[str]:
+        methods = [f.get("method", "") for f in self.frames if "id" not in f]
+        if kind is None:
+            return methods
+        return [m for m in methods if m == f"notifications/{kind}/list_changed"]
+
+    def responses(self) -> list[dict[str, Any]]:
+        return [f for f in self.frames if "id" in f and "method" not in f]
+
+
+def stdio(name: str = "srv", **fields: Any) -> ServerSettings:
+    """A stdio entry; policy and mcpool fields by their camelCase settings names."""
+    raw: dict[str, Any] = {"command": f"/usr/bin/{name}-server", **fields}
+    return msgspec.convert(raw, ServerSettings)
+
+
+def desired(
+    name: str, settings: ServerSettings, *, source: str | None = "/cfg.json", pool: bool = True
+) -> Desired:
+    key = PolicyKey.from_settings(settings)
+    identity = identity_of(name, settings, policy=None if pool else key.encoded())
+    return Desired(name, settings, identity, key, source)
+
+
+def make_pool(nursery: trio.Nursery, net: FakeNet, **options: Any) -> Pool:
+    return Pool(
+        nursery,
+        PoolOptions(**options),
+        rng=random.Random(1234),
+        upstream_factory=net.factory,  # type: ignore[arg-type]
+    )
