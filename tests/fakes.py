@@ -19,15 +19,19 @@ import trio
 from msgspec import UNSET, Raw, UnsetType
 
 from mcpool.pool import (
+    EntryKey,
+    Handle,
     Pool,
+    PoolEntry,
     PoolOptions,
     ServerSettings,
+    Snapshot,
     TransportIdentity,
     UpstreamEvents,
     identity_of,
 )
 from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
-from mcpool.session import Desired, PolicyKey
+from mcpool.session import Desired, PolicyKey, SessionView
 
 _pids = itertools.count(10_000)
 
@@ -279,3 +283,60 @@ def make_pool(nursery: trio.Nursery, net: FakeNet, **options: Any) -> Pool:
         rng=random.Random(1234),
         upstream_factory=net.factory,  # type: ignore[arg-type]
     )
+
+
+# -- views without a pool: a real PoolEntry and Handle, built by hand -----------------------------
+
+
+class NoSession:
+    """Stands in for `Session` where a view's callbacks are never expected to fire."""
+
+    def views_changed(self) -> None:
+        raise AssertionError("no session listens here")
+
+
+def entry_with(
+    name: str,
+    tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+    *,
+    prompts: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+    resources: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+    generation: int = 1,
+) -> PoolEntry:
+    settings = stdio(name)
+    ident = identity_of(name, settings)
+    entry = PoolEntry(EntryKey(name, ident.fingerprint), ident, settings)
+    entry.snapshot = Snapshot(
+        generation=generation,
+        available=True,
+        tools=tuple(tools),
+        prompts=tuple(prompts),
+        resources=tuple(resources),
+        capabilities={"tools": {}},
+    )
+    return entry
+
+
+def view_on(
+    entry: PoolEntry,
+    *,
+    key: PolicyKey | None = None,
+    prefix: bool = True,
+    name: str | None = None,
+    session: Any = None,
+) -> SessionView:
+    view = SessionView(
+        session if session is not None else NoSession(),  # type: ignore[arg-type]
+        name or entry.name,
+        key or PolicyKey(),
+        prefix=prefix,
+        source=None,
+    )
+    view.handle = Handle(entry, "s-test", entry.identity, entry.settings, view)
+    return view
+
+
+def republish(entry: PoolEntry, **changes: Any) -> None:
+    """Publish the entry's next snapshot (generation + 1) with `changes`, without listeners."""
+    snap = entry.snapshot
+    entry.snapshot = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)

@@ -59,7 +59,10 @@ async def test_daemonctl_stop_exits_0_removes_the_socket_and_leaves_no_upstream(
     settings = daemon.settings_file("settings.json", {"fake": fake_server(FAKE_CHILD=1)})
     async with daemon.attach([settings], "one") as one:
         upstreams = upstream_and_grandchild(int(await call_text(one, "fake__pid")))
-        other = daemon.settings_file("other.json", {"other": fake_server()})
+        # Deaf to stdin EOF: closing it takes L4's SIGTERM step.
+        other = daemon.settings_file(
+            "other.json", {"other": fake_server(FAKE_IGNORE_STDIN_EOF=1)}
+        )
         async with daemon.attach([other], "two") as two:
             # A detached-but-draining entry must be closed by the shutdown too.
             upstreams.append(process(int(await call_text(two, "other__pid"))))
@@ -76,7 +79,10 @@ async def test_upstreams_and_grandchildren_die_with_a_sigkilled_daemon(
     daemon_factory: DaemonFactory,
 ) -> None:
     daemon = await daemon_factory()
-    settings = daemon.settings_file("settings.json", {"fake": fake_server(FAKE_CHILD=1)})
+    # An upstream that outlives its stdin and ignores SIGTERM: only a SIGKILL of its group ends
+    # it (and its grandchild), so surviving the daemon's death is the failure mode under test.
+    stubborn = fake_server(FAKE_CHILD=1, FAKE_IGNORE_STDIN_EOF=1, FAKE_IGNORE_SIGTERM=1)
+    settings = daemon.settings_file("settings.json", {"fake": stubborn})
     async with daemon.attach([settings], "one") as one:
         upstreams = upstream_and_grandchild(int(await call_text(one, "fake__pid")))
         # Everything the daemon started (upstreams, grandchildren, any helper of its own).
