@@ -55,7 +55,7 @@ from mcpool.protocol import (
     error_response,
     response,
 )
-from mcpool.session import Desired, PolicyKey, Session, new_session_id
+from mcpool.session import Desired, PolicyKey, Session, new_session_id, request_id
 
 from . import _paths
 from ._settings import (
@@ -396,7 +396,9 @@ class Daemon:
                 name = str(params.get("name") or "session")
             except (ValueError, msgspec.DecodeError) as exc:
                 writer.write(
-                    error_response(first.id, INVALID_PARAMS, "Invalid attach", {"reason": str(exc)})
+                    error_response(
+                        request_id(first), INVALID_PARAMS, "Invalid attach", {"reason": str(exc)}
+                    )
                 )
                 return
         else:
@@ -416,7 +418,10 @@ class Daemon:
         self.log("info", "session attached", session=session.id, name=name, peer=peer_pid)
         if first.method == "mcpool/attach":
             writer.write(
-                response(first.id, {"session": session.id, "daemonPid": self.pid, "version": __version__})
+                response(
+                    request_id(first),
+                    {"session": session.id, "daemonPid": self.pid, "version": __version__},
+                )
             )
         try:
             async with trio.open_nursery() as nursery:
@@ -481,7 +486,7 @@ class Daemon:
             if msg.id is not UNSET:
                 writer.write(self._error_line(msg.id, exc))
             return
-        if msg.id is not UNSET:
+        if isinstance(msg.id, int | str):
             writer.write(response(msg.id, result))
 
     async def _admin_status(self, params: dict[str, Any]) -> dict[str, Any]:

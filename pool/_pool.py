@@ -72,7 +72,7 @@ class RefreshRejected(McpoolError):
 
 def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.Random) -> float:
     """Exponential backoff with jitter: initial * 2^(n-1), capped, scaled by 0.5..1.0."""
-    base = min(maximum, initial * (2 ** max(0, failures - 1)))
+    base = min(maximum, initial * 2.0 ** max(0, failures - 1))
     return base * (0.5 + rng.random() / 2)
 
 
@@ -372,7 +372,8 @@ async def list_all(upstream: StdioUpstream, method: str, field: str, timeout: fl
 
 async def discover(upstream: StdioUpstream, generation: int, timeout: float) -> Snapshot:
     caps = upstream.server_capabilities
-    tools = prompts = resources = templates = ()
+    empty: tuple[dict[str, Any], ...] = ()
+    tools = prompts = resources = templates = empty
     if "tools" in caps:
         tools = await list_all(upstream, "tools/list", "tools", timeout)
     if "prompts" in caps:
@@ -384,7 +385,7 @@ async def discover(upstream: StdioUpstream, generation: int, timeout: float) -> 
                 upstream, "resources/templates/list", "resourceTemplates", timeout
             )
         except McpoolError:
-            templates = ()  # optional: some servers list resources but not templates
+            templates = empty  # optional: some servers list resources but not templates
     return Snapshot(
         generation=generation,
         available=True,

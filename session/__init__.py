@@ -11,7 +11,7 @@ from ._registry import (
     build_candidate,
     empty_generation,
 )
-from ._session import SERVER_CAPABILITIES, Session, new_session_id
+from ._session import SERVER_CAPABILITIES, Session, new_session_id, request_id
 from ._view import Projection, SessionView, project
 
 __all__ = [
@@ -36,4 +36,5 @@ __all__ = [
     "normalize_include",
     "project",
     "reconcile",
+    "request_id",
 ]

@@ -48,7 +48,7 @@ class Action(NamedTuple):
 
 def reconcile(desired: dict[str, Desired], held: dict[str, Held]) -> list[Action]:
     actions: list[Action] = []
-    for name, h in held.items():
+    for name in held:
         if name not in desired:
             actions.append(Action(ActionKind.RELEASE, name, None))
     for name, d in desired.items():

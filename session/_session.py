@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -32,6 +32,7 @@ from mcpool.protocol import (
     INVALID_REQUEST,
     RESOURCE_NOT_FOUND,
     InvalidParams,
+    JsonRpcId,
     McpoolError,
     Message,
     MethodNotFound,
@@ -82,10 +83,11 @@ class _RawResult(msgspec.Struct):
     result: Raw
 
 
-class Writer:
+class Writer(Protocol):
     """What the session writes to (the daemon gives it an `FdWriter`)."""
 
-    buffered: int
+    @property
+    def buffered(self) -> int: ...
 
     def write(self, data: bytes) -> None: ...
 
@@ -120,6 +122,12 @@ class _InFlight:
         else:
             result = msg.result if msg.result is not UNSET else Raw(b"{}")
             s.send(_encoder.encode(_RawResult("2.0", self.client_id, result)) + b"\n")
+
+
+def request_id(msg: Message) -> JsonRpcId:
+    """The id of a message already known to be a request."""
+    assert isinstance(msg.id, int | str)
+    return msg.id
 
 
 def decode_params(params: Raw | UnsetType) -> dict[str, Any]:
@@ -427,11 +435,11 @@ class Session:
         instructions = self.registry.instructions()
         if instructions:
             result["instructions"] = instructions
-        self.send(response(msg.id, result))
+        self.send(response(request_id(msg), result))
         self.initialize_answered = True
 
     def _ping(self, msg: Message) -> None:
-        self.send(response(msg.id, {}))
+        self.send(response(request_id(msg), {}))
 
     def _list(self, msg: Message, kind: str, field: str) -> None:
         gen = self.registry
@@ -561,7 +569,7 @@ class Session:
                 entry.upstream.send_request(
                     "logging/setLevel", _encoder.encode({"level": level}), _ignore_reply
                 )
-        self.send(response(msg.id, {}))
+        self.send(response(request_id(msg), {}))
 
     def _forward(self, msg: Message, view: SessionView, method: str, params: dict[str, Any]) -> None:
         handle = view.handle

@@ -42,7 +42,10 @@ class Projection(msgspec.Struct, frozen=True, weakref=True):
     capabilities: dict[str, Any]
 
 
-_ProjectionKey = tuple[str, int, PolicyKey, str, bool]
+# Keyed by the entry object, not its lifecycle id: one key outlives many entries, and a
+# replacement entry numbers its snapshots from 1 again, so (lifecycle id, generation) can name two
+# different snapshots. The key holds the entry only while some projection of it is alive.
+_ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool]
 _cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
 
 
@@ -89,9 +92,9 @@ def project(
 
 
 def shared_projection(
-    entry_id: str, snapshot: Snapshot, key: PolicyKey, server: str, prefix: bool
+    entry: PoolEntry, snapshot: Snapshot, key: PolicyKey, server: str, prefix: bool
 ) -> Projection:
-    cache_key = (entry_id, snapshot.generation, key, server, prefix)
+    cache_key = (entry, snapshot.generation, key, server, prefix)
     found = _cache.get(cache_key)
     if found is None:
         found = project(snapshot, key, server, prefix=prefix)
@@ -117,9 +120,7 @@ class SessionView:
     def projection(self) -> Projection:
         assert self.handle is not None
         entry = self.handle.entry
-        return shared_projection(
-            entry.lifecycle_id, entry.snapshot, self.key, self.name, self.prefix
-        )
+        return shared_projection(entry, entry.snapshot, self.key, self.name, self.prefix)
 
     def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:
         """R2: adopt a new policy; True when the canonical view changed (a replay is due)."""

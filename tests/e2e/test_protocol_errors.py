@@ -40,7 +40,7 @@ async def test_an_oversized_message_gets_an_error_and_a_clean_close_and_others_c
     daemon = await daemon_factory(daemon={"maxMessageBytes": MAX_MESSAGE_BYTES})
     settings = daemon.settings_file("settings.json", {"fake": fake_server()})
     async with daemon.attach([settings], "bystander") as bystander, daemon.raw() as client:
-        await raw_attach(client, [str(settings)], "big")
+        big_id = await raw_attach(client, [str(settings)], "big")
         assert raw_text(await raw_call(client, "fake__echo", {"text": "small"})) == "small"
         big = {
             "jsonrpc": "2.0",
@@ -58,7 +58,10 @@ async def test_an_oversized_message_gets_an_error_and_a_clean_close_and_others_c
         # The other session, the daemon and new sessions are unaffected.
         assert await call_text(bystander, "fake__echo", {"text": "unaffected"}) == "unaffected"
         async with daemon.raw() as again:
-            await raw_attach(again, [str(settings)], "again")
+            again_id = await raw_attach(again, [str(settings)], "again")
             assert raw_text(await raw_call(again, "fake__echo", {"text": "new"})) == "new"
-        (entry,) = await daemon.ctl("servers")
-        assert len(entry["refs"]) == 1  # the closed session released its reference
+            (entry,) = await daemon.ctl("servers")
+        # The closed session released its reference (its close preceded the end of file).
+        assert big_id not in entry["refs"]
+        assert again_id in entry["refs"]
+        assert len(entry["refs"]) == 2

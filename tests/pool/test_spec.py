@@ -1,0 +1,135 @@
+"""Transport identities and fingerprints (DESIGN I1-I3)."""
+
+from __future__ import annotations
+
+import copy
+
+import msgspec
+import pytest
+from fakes import stdio
+
+from mcpool.pool import ServerSettings, identity_of, transport_kind
+from mcpool.protocol import SettingsError
+
+
+def fp(name: str = "srv", **fields: object) -> str:
+    return identity_of(name, stdio(name, **fields)).fingerprint
+
+
+def test_policy_and_cosmetic_fields_are_not_part_of_the_identity() -> None:
+    plain = identity_of("srv", stdio())
+    for fields in [
+        {"trust": True},
+        {"trust": False},
+        {"includeTools": []},
+        {"excludeTools": ["a"]},
+        {"alwaysLoadTools": True},
+        {"description": "words"},
+        {"disabled": True},
+        {"prefix": False},
+    ]:
+        assert identity_of("srv", stdio(**fields)) == plain, fields
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"args": ["x"]},
+        {"env": {"K": "v"}},
+        {"cwd": "/tmp"},
+        {"timeout": 5000},
+        {"scope": "session"},
+        {"command": "/usr/bin/other"},
+    ],
+)
+def test_transport_fields_change_the_fingerprint(fields: dict[str, object]) -> None:
+    assert fp(**fields) != fp()
+
+
+def test_env_and_header_order_do_not_change_the_fingerprint() -> None:
+    assert fp(env={"A": "1", "B": "2"}) == fp(env={"B": "2", "A": "1"})
+    a = msgspec.convert({"httpUrl": "https://x/mcp", "headers": {"A": "1", "b": "2"}}, ServerSettings)
+    b = msgspec.convert({"httpUrl": "https://x/mcp", "headers": {"B": "2", "a": "1"}}, ServerSettings)
+    assert identity_of("h", a).fingerprint == identity_of("h", b).fingerprint
+
+
+def test_args_order_changes_the_fingerprint() -> None:
+    assert fp(args=["a", "b"]) != fp(args=["b", "a"])
+
+
+def test_fingerprint_is_stable_and_short() -> None:
+    assert fp() == fp()
+    assert len(fp()) == 12
+    assert all(c in "0123456789abcdef" for c in fp())
+
+
+def test_workspace_scope_includes_session_roots_and_shared_does_not() -> None:
+    ws = stdio(scope="workspace")
+    assert identity_of("s", ws, session_roots=("/a",)) != identity_of("s", ws, session_roots=("/b",))
+    shared = stdio()
+    assert identity_of("s", shared, session_roots=("/a",)) == identity_of(
+        "s", shared, session_roots=("/b",)
+    )
+
+
+def test_relative_cwd_resolves_against_the_settings_folder() -> None:
+    ident = identity_of("s", stdio(cwd="sub"), base_dir="/proj")
+    assert ident.cwd == "/proj/sub"
+    assert identity_of("s", stdio(), base_dir="/proj").cwd == "/proj"
+
+
+def test_pool_off_policy_joins_the_identity() -> None:
+    assert identity_of("s", stdio(), policy="a") != identity_of("s", stdio(), policy="b")
+    assert identity_of("s", stdio(), policy="a") == identity_of("s", stdio(), policy="a")
+
+
+def test_identity_is_captured_not_a_view_of_the_settings_object() -> None:
+    settings = stdio(args=["a"], env={"K": "1"})
+    ident = identity_of("s", settings)
+    before = copy.deepcopy(ident)
+    settings.args.append("b")
+    settings.env["K"] = "2"
+    settings.env["NEW"] = "x"
+    assert ident == before
+    assert isinstance(ident.args, tuple)
+    assert isinstance(ident.env, tuple)
+
+
+def test_identity_is_hashable() -> None:
+    assert len({identity_of("s", stdio()), identity_of("s", stdio())}) == 1
+
+
+def test_describe_never_shows_secret_values() -> None:
+    settings = msgspec.convert(
+        {
+            "httpUrl": "https://user:pw@example.com/mcp?token=SECRET",
+            "headers": {"Authorization": "Bearer SECRET"},
+        },
+        ServerSettings,
+    )
+    shown = str(identity_of("h", settings).describe())
+    assert "SECRET" not in shown
+    assert "pw" not in shown
+    env_shown = str(identity_of("s", stdio(env={"API_KEY": "SECRET"})).describe())
+    assert "SECRET" not in env_shown
+    assert "API_KEY" in env_shown
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ({"command": "x"}, "stdio"),
+        ({"httpUrl": "https://x"}, "http"),
+        ({"url": "https://x"}, "sse"),
+        ({"type": "http", "url": "https://x"}, "http"),
+        ({"type": "sse", "url": "https://x"}, "sse"),
+        ({"type": "streamable-http", "url": "https://x"}, "http"),
+    ],
+)
+def test_transport_kind(fields: dict[str, object], kind: str) -> None:
+    assert transport_kind("s", msgspec.convert(fields, ServerSettings)) == kind
+
+
+def test_entry_without_command_or_url_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError):
+        transport_kind("s", ServerSettings())
