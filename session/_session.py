@@ -258,7 +258,9 @@ class Session:
                 await handle.entry.ready.wait()
         finally:
             self._reconciling = False
-        if self.closed:
+        if self.closed or settings_generation < self.settings_generation:
+            # S6: a newer settings generation was installed while this one waited for its
+            # entries; its candidate is the one that counts, and nothing is notified for ours.
             return report
         self.settings_generation = settings_generation
         if replay or self._dirty or not self.ready:
