@@ -37,7 +37,7 @@ from ._entry import (
     next_idle_since,
 )
 from ._guardian import Guardian
-from ._spec import ServerSettings, TransportIdentity
+from ._spec import ServerSettings, TransportIdentity, capture_settings
 from ._upstream import StdioUpstream
 
 DEFAULT_DRAIN_GRACE = 30.0
@@ -128,10 +128,10 @@ class Pool:
             key = EntryKey(identity.name, identity.fingerprint)
         entry = self._entries.get(key)
         if entry is None or entry.state in TERMINAL_STATES or entry.closing:
-            entry = PoolEntry(key, identity, msgspec.structs.replace(settings))
+            entry = PoolEntry(key, identity, capture_settings(settings))
             self._entries[key] = entry
             self._nursery.start_soon(self._supervise, entry)
-        handle = Handle(entry, session_id, identity, msgspec.structs.replace(settings), listener)
+        handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
         entry.handles[next(self._handle_ids)] = handle
         if was_idle:
@@ -193,7 +193,7 @@ class Pool:
                 server=handle.identity.name,
                 state=handle.entry.state.value,
             )
-        handle.settings = msgspec.structs.replace(settings)
+        handle.settings = capture_settings(settings)
 
     def restart(self, name: str) -> list[PoolEntry]:
         """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""

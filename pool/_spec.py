@@ -10,6 +10,7 @@ tuples, never views onto the caller's mutable settings object.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from typing import Any, Literal
@@ -49,6 +50,13 @@ class ServerSettings(msgspec.Struct, rename="camel", omit_defaults=True, kw_only
     roots: list[str] = msgspec.field(default_factory=list)
 
 
+def capture_settings(s: ServerSettings) -> ServerSettings:
+    """A deep copy for a holder to keep (I2): `structs.replace` alone would share the caller's
+    `args`, `env`, `headers`, `roots` and filter lists, so mutating them in place would reach
+    into a pool entry or handle."""
+    return copy.deepcopy(s)
+
+
 def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> TransportKind:
     """Which transport an entry uses: `type` when present, else command / httpUrl / url."""
     if s.type is not None:
@@ -60,9 +68,7 @@ def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> T
             return "stdio"
         kind: TransportKind = "sse" if s.type == "sse" else "http"
         if not (s.url or s.http_url):
-            raise SettingsError(
-                f"type {s.type} needs a url", path=source, server=name, field="url"
-            )
+            raise SettingsError(f"type {s.type} needs a url", path=source, server=name, field="url")
         return kind
     if s.command:
         return "stdio"

@@ -49,9 +49,7 @@ _ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool]
 _cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
 
 
-def project(
-    snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = True
-) -> Projection:
+def project(snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = True) -> Projection:
     """Pure: filter by the policy and clone each visible tool with its exposed name and _meta."""
     tools: list[tuple[str, str, dict[str, Any]]] = []
     hidden: list[str] = []
@@ -135,9 +133,7 @@ class SessionView:
     def snapshot_changed(self, entry: PoolEntry) -> None:
         self.session.views_changed()
 
-    def upstream_notification(
-        self, entry: PoolEntry, method: str, params: Raw | UnsetType
-    ) -> None:
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
         self.session.upstream_notification(self, method, params)
 
     def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> bool:

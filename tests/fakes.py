@@ -168,7 +168,7 @@ class FakeUpstream:
         """The process exits on its own: the pool sees a failure and restarts."""
         self.request_close(f"exited with status {status}")
 
-    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:
+    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:  # noqa: ASYNC109
         await trio.lowlevel.checkpoint()
         lists = {
             "tools/list": ("tools", self.server.tools),

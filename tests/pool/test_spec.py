@@ -48,8 +48,12 @@ def test_transport_fields_change_the_fingerprint(fields: dict[str, object]) -> N
 
 def test_env_and_header_order_do_not_change_the_fingerprint() -> None:
     assert fp(env={"A": "1", "B": "2"}) == fp(env={"B": "2", "A": "1"})
-    a = msgspec.convert({"httpUrl": "https://x/mcp", "headers": {"A": "1", "b": "2"}}, ServerSettings)
-    b = msgspec.convert({"httpUrl": "https://x/mcp", "headers": {"B": "2", "a": "1"}}, ServerSettings)
+    a = msgspec.convert(
+        {"httpUrl": "https://x/mcp", "headers": {"A": "1", "b": "2"}}, ServerSettings
+    )
+    b = msgspec.convert(
+        {"httpUrl": "https://x/mcp", "headers": {"B": "2", "a": "1"}}, ServerSettings
+    )
     assert identity_of("h", a).fingerprint == identity_of("h", b).fingerprint
 
 
@@ -65,7 +69,9 @@ def test_fingerprint_is_stable_and_short() -> None:
 
 def test_workspace_scope_includes_session_roots_and_shared_does_not() -> None:
     ws = stdio(scope="workspace")
-    assert identity_of("s", ws, session_roots=("/a",)) != identity_of("s", ws, session_roots=("/b",))
+    assert identity_of("s", ws, session_roots=("/a",)) != identity_of(
+        "s", ws, session_roots=("/b",)
+    )
     shared = stdio()
     assert identity_of("s", shared, session_roots=("/a",)) == identity_of(
         "s", shared, session_roots=("/b",)

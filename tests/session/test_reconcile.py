@@ -77,9 +77,9 @@ def test_unpooled_session_scope_server_with_matching_identity_is_kept() -> None:
     # identity is compared, so a healthy session-scoped connection survives a reload.
     d = desired("srv", stdio(scope="session"))
     assert d.identity.scope == "session"
-    assert kinds(reconcile({"srv": desired("srv", stdio(scope="session"))}, {"srv": held_from(d)})) == {
-        "srv": ActionKind.KEEP
-    }
+    assert kinds(
+        reconcile({"srv": desired("srv", stdio(scope="session"))}, {"srv": held_from(d)})
+    ) == {"srv": ActionKind.KEEP}
 
 
 def test_unpooled_session_scope_server_policy_change_is_a_refresh() -> None:
@@ -109,7 +109,10 @@ def test_reconcile_compares_captured_values_not_the_mutated_settings_object() ->
 def test_every_server_gets_exactly_one_action() -> None:
     d_keep, d_ref = desired("keep", stdio("keep")), desired("ref", stdio("ref"))
     d_rep, d_gone = desired("rep", stdio("rep", args=["1"])), desired("gone", stdio("gone"))
-    held = {n: held_from(d) for n, d in [("keep", d_keep), ("ref", d_ref), ("rep", d_rep), ("gone", d_gone)]}
+    held = {
+        n: held_from(d)
+        for n, d in [("keep", d_keep), ("ref", d_ref), ("rep", d_rep), ("gone", d_gone)]
+    }
     want = {
         "keep": d_keep,
         "ref": desired("ref", stdio("ref", trust=True)),

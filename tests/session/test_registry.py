@@ -203,8 +203,22 @@ def one_tool_gen(t: dict[str, Any], *, key: PolicyKey | None = None) -> Registry
 
 
 def test_equivalent_metadata_is_no_change() -> None:
-    a = {"name": "t", "description": "d", "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}, "y": {"type": "number"}}}}
-    b = {"inputSchema": {"properties": {"y": {"type": "number"}, "x": {"type": "string"}}, "type": "object"}, "description": "d", "name": "t"}
+    a = {
+        "name": "t",
+        "description": "d",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"x": {"type": "string"}, "y": {"type": "number"}},
+        },
+    }
+    b = {
+        "inputSchema": {
+            "properties": {"y": {"type": "number"}, "x": {"type": "string"}},
+            "type": "object",
+        },
+        "description": "d",
+        "name": "t",
+    }
     assert changed(one_tool_gen(a), one_tool_gen(b)) == []
 
 
@@ -213,8 +227,12 @@ def test_reordered_tool_list_is_no_change() -> None:
 
 
 def test_reordering_required_type_and_enum_strings_is_no_change() -> None:
-    a = tool("t", required=["a", "b"], properties={"a": {"type": ["string", "null"], "enum": ["x", "y"]}})
-    b = tool("t", required=["b", "a"], properties={"a": {"type": ["null", "string"], "enum": ["y", "x"]}})
+    a = tool(
+        "t", required=["a", "b"], properties={"a": {"type": ["string", "null"], "enum": ["x", "y"]}}
+    )
+    b = tool(
+        "t", required=["b", "a"], properties={"a": {"type": ["null", "string"], "enum": ["y", "x"]}}
+    )
     assert changed(one_tool_gen(a), one_tool_gen(b)) == []
 
 
@@ -231,7 +249,11 @@ def test_reordering_examples_is_a_change() -> None:
 
 
 def test_served_schema_properties_keep_source_order() -> None:
-    t = tool("t", properties={"zz": {"type": "string"}, "aa": {"type": "number"}, "mm": {}}, required=["zz", "aa"])
+    t = tool(
+        "t",
+        properties={"zz": {"type": "string"}, "aa": {"type": "number"}, "mm": {}},
+        required=["zz", "aa"],
+    )
     served = gen_of("fs", t).tools[0]
     assert list(served["inputSchema"]["properties"]) == ["zz", "aa", "mm"]
     assert served["inputSchema"]["required"] == ["zz", "aa"]
@@ -242,9 +264,15 @@ def test_served_schema_properties_keep_source_order() -> None:
     [
         pytest.param(tool("t"), tool("u"), id="name"),
         pytest.param(tool("t", "one"), tool("t", "two"), id="description"),
-        pytest.param(tool("t", properties={"a": {}}), tool("t", properties={"b": {}}), id="input-schema"),
-        pytest.param(tool("t", required=["a"]), tool("t", required=["a", "b"]), id="required-added"),
-        pytest.param(tool("t"), {**tool("t"), "annotations": {"readOnlyHint": True}}, id="annotations"),
+        pytest.param(
+            tool("t", properties={"a": {}}), tool("t", properties={"b": {}}), id="input-schema"
+        ),
+        pytest.param(
+            tool("t", required=["a"]), tool("t", required=["a", "b"]), id="required-added"
+        ),
+        pytest.param(
+            tool("t"), {**tool("t"), "annotations": {"readOnlyHint": True}}, id="annotations"
+        ),
     ],
 )
 def test_tool_metadata_change_is_a_change(before: dict[str, Any], after: dict[str, Any]) -> None:

@@ -169,7 +169,9 @@ def test_view_update_reports_change_only_for_a_different_canonical_key() -> None
 
 def test_view_projection_uses_its_captured_key_not_the_settings_object() -> None:
     settings = stdio("fs", includeTools=["read"])
-    view = view_on(entry_with("fs", [tool("read"), tool("write")]), key=PolicyKey.from_settings(settings))
+    view = view_on(
+        entry_with("fs", [tool("read"), tool("write")]), key=PolicyKey.from_settings(settings)
+    )
     assert isinstance(settings.include_tools, list)
     settings.include_tools.append("write")  # mutated after it was handed over
     assert [u for _, u, _ in view.projection().tools] == ["read"]

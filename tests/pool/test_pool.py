@@ -1,0 +1,463 @@
+"""Pool: leases, drain timing, restarts, refresh (DESIGN L1-L3, R3-R5), on a fake upstream.
+
+No processes: `Pool(upstream_factory=FakeNet.factory)` hands every entry a `FakeUpstream`. Time
+is trio's MockClock (`autojump_clock`), so the drain and backoff assertions are exact.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import trio
+import trio.testing
+from fakes import FakeNet, FakeServer, make_pool, stdio, tool
+
+from mcpool.pool import (
+    EntryState,
+    Handle,
+    Pool,
+    PoolEntry,
+    RefreshRejected,
+    backoff_delay,
+    identity_of,
+)
+
+GRACE = 30.0
+MAX_IDLE = 300.0
+EPSILON = 1e-6  # virtual seconds either side of an exact MockClock deadline
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.snapshots: list[int] = []
+        self.notifications: list[str] = []
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        self.snapshots.append(entry.snapshot.generation)
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: object) -> None:
+        self.notifications.append(method)
+
+    def server_request(self, entry: PoolEntry, upstream: object, msg: object) -> bool:
+        return False
+
+
+def new_pool(nursery: trio.Nursery, net: FakeNet, **options: float) -> Pool:
+    opts: dict[str, float] = {"drain_grace": GRACE, "max_idle": MAX_IDLE, **options}
+    return make_pool(nursery, net, **opts)
+
+
+async def acquire(pool: Pool, name: str = "srv", session: str = "s1", **fields: object) -> Handle:
+    settings = stdio(name, **fields)
+    return await pool.acquire(identity_of(name, settings), settings, session, Listener())
+
+
+# -- L1 ------------------------------------------------------------------------------------------
+
+
+async def test_concurrent_leases_of_one_key_create_one_entry_and_one_upstream(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    server.start_gate = trio.Event()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handles: list[Handle] = []
+
+    async def one(i: int) -> None:
+        handles.append(await acquire(pool, session=f"s{i}"))
+
+    async with trio.open_nursery() as inner:
+        for i in range(10):
+            inner.start_soon(one, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.entries()) == 1
+        assert server.starts == 1
+        server.start_gate.set()
+
+    assert len(handles) == 10
+    assert len({id(h.entry) for h in handles}) == 1
+    entry = handles[0].entry
+    assert entry.leases == 10
+    assert entry.state is EntryState.ACTIVE
+    assert server.starts == 1
+
+
+async def test_session_scope_servers_get_one_unpooled_entry_per_lease(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    a = await acquire(pool, scope="session", session="a")
+    b = await acquire(pool, scope="session", session="b")
+    assert a.entry is not b.entry
+    assert a.lifecycle_id.startswith("srv::unpooled-")
+    assert a.lifecycle_id != b.lifecycle_id
+    assert a.identity == b.identity
+    assert server.starts == 2
+
+
+async def test_shared_lease_key_is_name_and_fingerprint(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    h = await acquire(pool)
+    assert h.lifecycle_id == f"srv::{h.identity.fingerprint}"
+
+
+async def test_different_identities_get_different_entries(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    a = await acquire(pool, args=["1"])
+    b = await acquire(pool, args=["2"])
+    assert a.entry is not b.entry
+    assert server.starts == 2
+
+
+async def test_policy_only_difference_shares_one_entry(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    a = await acquire(pool, trust=True, session="a")
+    b = await acquire(pool, includeTools=[], session="b")
+    assert a.entry is b.entry
+    assert server.starts == 1
+
+
+async def test_discovery_publishes_an_available_snapshot(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read"), tool("write")], prompts=[{"name": "p"}])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    entry = (await acquire(pool)).entry
+    assert entry.snapshot.available
+    assert entry.snapshot.generation == 1
+    assert [t["name"] for t in entry.snapshot.tools] == ["read", "write"]
+    assert [p["name"] for p in entry.snapshot.prompts] == ["p"]
+
+
+# -- L2 ------------------------------------------------------------------------------------------
+
+
+async def test_drain_grace_closes_an_idle_entry_exactly_at_grace(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    await trio.sleep(5)
+    released_at = trio.current_time()
+    pool.release(handle)
+    assert entry.state is EntryState.DRAINING
+    await entry.closed.wait()
+    assert trio.current_time() == released_at + GRACE
+    assert entry.state is EntryState.CLOSED
+    assert server.current.closed_reason == "drained"
+    assert pool.entries() == []
+
+
+async def test_lease_within_grace_keeps_the_entry_and_its_upstream(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    first = await acquire(pool)
+    pool.release(first)
+    await trio.sleep(GRACE - 1)
+    second = await acquire(pool)
+    assert second.entry is first.entry
+    assert second.entry.state is EntryState.ACTIVE
+    await trio.sleep(10 * MAX_IDLE)
+    assert not second.entry.closed.is_set()
+    assert server.starts == 1
+
+
+async def test_max_idle_cap_counts_from_first_idle_moment_despite_flapping(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    first_idle = trio.current_time()
+    pool.release(handle)
+
+    async def flap() -> None:
+        # Attach for 1 s every 11 s: each detach alone would push the close to now + grace.
+        while True:
+            await trio.sleep(10)
+            h = await acquire(pool, session="flapper")
+            if h.entry is not entry:
+                pool.release(h)
+                return
+            await trio.sleep(1)
+            pool.release(h)
+
+    nursery.start_soon(flap)
+    await entry.closed.wait()
+    assert trio.current_time() == first_idle + MAX_IDLE
+    assert entry.state is EntryState.CLOSED
+
+
+async def test_flapping_within_grace_keeps_entry_alive_without_a_cap(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server), max_idle=math.inf)
+    handle = await acquire(pool)
+    entry = handle.entry
+    pool.release(handle)
+    for _ in range(60):
+        await trio.sleep(10)
+        h = await acquire(pool, session="flapper")
+        await trio.sleep(1)
+        pool.release(h)
+    assert h.entry is entry
+    assert not entry.closed.is_set()
+    assert server.starts == 1
+
+
+async def test_a_lease_as_long_as_the_grace_restarts_the_idle_stretch(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    handle = await acquire(pool)
+    entry = handle.entry
+    pool.release(handle)
+    await trio.sleep(GRACE - 1)
+    held = await acquire(pool)
+    await trio.sleep(MAX_IDLE)  # real use, longer than the grace
+    second_idle = trio.current_time()
+    pool.release(held)
+    await entry.closed.wait()
+    assert trio.current_time() == second_idle + GRACE
+
+
+async def test_release_is_idempotent(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    a = await acquire(pool, session="a")
+    b = await acquire(pool, session="b")
+    pool.release(a)
+    pool.release(a)
+    assert a.entry.leases == 1
+    assert a.entry.state is EntryState.ACTIVE
+    pool.release(b)
+    assert b.entry.leases == 0
+
+
+async def test_lease_after_close_builds_a_new_entry_under_the_same_key(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    first = await acquire(pool)
+    pool.release(first)
+    await first.entry.closed.wait()
+    second = await acquire(pool)
+    assert second.entry is not first.entry
+    assert second.lifecycle_id == first.lifecycle_id
+    assert pool.entries() == [second.entry]
+    assert server.starts == 2
+
+
+# -- L3 ------------------------------------------------------------------------------------------
+
+
+async def test_crash_restarts_after_backoff_and_republishes(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    listener = Listener()
+    settings = stdio("srv")
+    handle = await pool.acquire(identity_of("srv", settings), settings, "s1", listener)
+    entry = handle.entry
+    crashed_at = trio.current_time()
+    expected_delay = backoff_delay(1, initial=1.0, maximum=30.0, rng=random.Random(1234))
+    server.current.crash()
+    await trio.testing.wait_all_tasks_blocked()
+    assert entry.state is EntryState.RESTARTING
+    assert not entry.snapshot.available
+    assert entry.last_error == "exited with status 1"
+    await trio.sleep_until(crashed_at + expected_delay - EPSILON)
+    assert entry.state is EntryState.RESTARTING
+    assert server.starts == 1
+    await trio.sleep_until(crashed_at + expected_delay + EPSILON)
+    assert entry.state is EntryState.ACTIVE
+    assert server.starts == 2
+    assert entry.snapshot.available
+    assert listener.snapshots == [1, 2, 3]  # discovery, unavailable, the restart's discovery
+
+
+async def test_repeated_failures_enter_crash_loop_until_restart(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    entry = (await acquire(pool)).entry
+    server.always_fail = True
+    server.current.crash()
+    rng = random.Random(1234)
+    expected = sum(backoff_delay(n, initial=1.0, maximum=30.0, rng=rng) for n in range(1, 5))
+    crashed_at = trio.current_time()
+    await trio.sleep_until(crashed_at + expected - EPSILON)
+    assert entry.state is EntryState.RESTARTING
+    assert len(entry.failures) == 4
+    await trio.sleep_until(crashed_at + expected + EPSILON)
+    assert entry.state is EntryState.CRASH_LOOP
+    assert len(entry.failures) == 5
+    assert server.starts == 5  # one good start, then four failed restarts
+    await trio.sleep(3600)
+    assert entry.state is EntryState.CRASH_LOOP  # no restarts without being asked
+    assert server.starts == 5
+
+    server.always_fail = False
+    assert pool.restart("srv") == [entry]
+    await trio.testing.wait_all_tasks_blocked()
+    assert entry.state is EntryState.ACTIVE
+    assert entry.snapshot.available
+    assert server.starts == 6
+
+
+async def test_explicit_restart_replaces_the_upstream_without_a_failure(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    entry = (await acquire(pool)).entry
+    old = server.current
+    pool.restart("srv")
+    await trio.testing.wait_all_tasks_blocked()
+    assert server.current is not old
+    assert old.closed_reason == "restart requested"
+    assert entry.state is EntryState.ACTIVE
+    assert entry.failures == []
+    assert entry.restarts == 1
+
+
+async def test_upstream_list_changed_relists_and_publishes_next_generation(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    entry = (await acquire(pool)).entry
+    before = entry.snapshot
+    server.tools.append(tool("write"))
+    server.current.list_changed("tools")
+    await trio.testing.wait_all_tasks_blocked()
+    assert entry.snapshot.generation == before.generation + 1
+    assert [t["name"] for t in entry.snapshot.tools] == ["read", "write"]
+    assert [t["name"] for t in before.tools] == ["read"]  # the old snapshot is untouched
+
+
+# -- R3-R5 ---------------------------------------------------------------------------------------
+
+
+async def test_refresh_updates_the_handle_settings_and_keeps_its_lease(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    pool.refresh(handle, stdio("srv", trust=True))
+    assert handle.settings.trust is True
+    assert handle.entry is entry
+    assert entry.leases == 1
+    assert server.starts == 1
+    assert len(pool.entries()) == 1
+
+
+async def test_refresh_of_a_released_handle_is_rejected_and_changes_nothing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    keeper = await acquire(pool, session="keeper")
+    handle = await acquire(pool)
+    pool.release(handle)
+    settings_before, state_before = handle.settings, handle.entry.state
+    with pytest.raises(RefreshRejected, match="released handle"):
+        pool.refresh(handle, stdio("srv", trust=True))
+    assert handle.settings is settings_before
+    assert handle.released
+    assert handle.entry.state is state_before
+    assert handle.entry.leases == 1
+    assert handle not in keeper.entry.handles.values()
+
+
+async def test_refresh_of_a_handle_on_a_terminal_entry_is_rejected_and_changes_nothing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    handle = await acquire(pool)
+    entry = handle.entry
+    await pool.aclose()
+    assert entry.state is EntryState.CLOSED
+    settings_before = handle.settings
+    with pytest.raises(RefreshRejected, match="closed entry") as info:
+        pool.refresh(handle, stdio("srv", trust=True))
+    assert info.value.data["state"] == "closed"
+    assert handle.settings is settings_before
+    assert entry.state is EntryState.CLOSED
+    assert not handle.released
+
+
+async def test_refresh_during_a_restart_is_accepted(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    server.start_gate = trio.Event()
+    server.current.crash()
+    await trio.sleep(5)  # past the backoff, within the start timeout: waiting at the gate
+    assert handle.entry.state is EntryState.RESTARTING
+    pool.refresh(handle, stdio("srv", includeTools=["read"]))
+    assert handle.settings.include_tools == ["read"]
+    server.start_gate.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert handle.entry.state is EntryState.ACTIVE
+    assert handle.entry.leases == 1
+    assert server.starts == 2
+
+
+async def test_pool_captures_settings_so_later_mutation_changes_nothing_held(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    pool = new_pool(nursery, FakeNet(srv=FakeServer()))
+    settings = stdio("srv", scope="workspace", roots=["/a"], args=["x"])
+    identity = identity_of("srv", settings, session_roots=("/a",))
+    handle = await pool.acquire(identity, settings, "s1", Listener())
+    settings.roots.append("/b")
+    settings.args.append("y")
+    assert handle.identity == identity_of(
+        "srv", stdio("srv", scope="workspace", args=["x"]), session_roots=("/a",)
+    )
+    assert handle.entry.identity.args == ("x",)
+    assert handle.settings.roots == ["/a"]
+    assert handle.entry.settings.roots == ["/a"]
+
+
+# -- shutdown -------------------------------------------------------------------------------------
+
+
+async def test_aclose_closes_every_entry_and_refuses_new_leases(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server_a, server_b = FakeServer(), FakeServer()
+    pool = new_pool(nursery, FakeNet(a=server_a, b=server_b))
+    a = await acquire(pool, "a")
+    b = await acquire(pool, "b")
+    await pool.aclose()
+    assert a.entry.state is EntryState.CLOSED
+    assert b.entry.state is EntryState.CLOSED
+    assert server_a.current.closed_reason == "the daemon is shutting down"
+    with pytest.raises(Exception, match="shutting down"):
+        await acquire(pool, "a")
