@@ -18,7 +18,6 @@ import argparse
 import collections
 import errno
 import fcntl
-import json
 import os
 import signal
 import socket
@@ -55,9 +54,19 @@ from mcpool.protocol import (
     error_response,
     response,
 )
-from mcpool.session import Desired, PolicyKey, Session, new_session_id, request_id
+from mcpool.session import (
+    Desired,
+    PolicyKey,
+    Session,
+    exposed_name,
+    new_session_id,
+    normalize_include,
+    request_id,
+)
 
 from . import _paths
+from ._log import JsonLinesLog, normalize_level
+from ._watch import SettingsWatcher
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -69,6 +78,8 @@ from ._settings import (
 LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
 FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
+# After a refusal or an oversized message: time for the peer to read the error and close first.
+CLOSE_LINGER = 1.0
 
 
 class _SessionState:
@@ -95,24 +106,20 @@ class Daemon:
         self.stop_requested = trio.Event()
         self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
         self.notes: list[str] = []
-        self._log_file: Any = None
         self._cli_log_level = log_level
+        self.journal = JsonLinesLog(level=log_level or "info")
         self.options = DaemonOptions()
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
+        self.watcher = SettingsWatcher(self.files_changed)
+        self._linger: set[int] = set()  # connections closed for an error: half-close and drain
 
     # -- logging -------------------------------------------------------------------------------
 
     def log(self, level: str, message: str, **fields: Any) -> None:
-        record = {"ts": round(time.time(), 3), "level": level, "msg": message, **fields}
-        line = json.dumps(record, default=str)
-        self.log_lines.append(line)
-        if self._log_file is not None:
-            try:
-                self._log_file.write(line + "\n")
-                self._log_file.flush()
-            except OSError:
-                pass
+        line = self.journal.record(level, message, **fields)
+        if line is not None:
+            self.log_lines.append(line)
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -131,6 +138,7 @@ class Daemon:
         if os.environ.get("MCPOOL_NO_POOL") == "1":
             opts = msgspec.structs.replace(opts, pool=False)
         self.options = opts
+        self._apply_log_level()
         if self.pool is not None:
             self.pool.options = self._pool_options()
 
@@ -193,24 +201,65 @@ class Daemon:
                 self.desired_for(state), self.settings_generation
             )
 
-    async def reload(self) -> list[dict[str, Any]]:
-        """S7: re-read every file, then reconcile each session, under the one gate."""
+    def watched_files(self) -> set[str]:
+        paths = {self.config_path}
+        for st in self.sessions.values():
+            paths.update(st.sources)
+        return paths
+
+    async def reload(self, only: set[str] | None = None) -> list[dict[str, Any]]:
+        """S7: re-read the files (all, or `only`), then reconcile the affected sessions, in
+        that order, under the one gate. A file that fails keeps its previous servers."""
         async with self.reload_gate:
-            paths = {self.config_path}
-            for st in self.sessions.values():
-                paths.update(st.sources)
-            results = []
+            paths = self.watched_files() if only is None else only & self.watched_files()
+            results: list[dict[str, Any]] = []
             for path in sorted(paths):
+                before = self.files.get(path)
                 loaded = self.load_file(path)
-                results.append({"path": path, "status": loaded.status, "error": loaded.error})
-            self.apply_daemon_options()
+                same = before is not None and before.servers == loaded.servers
+                results.append(
+                    {
+                        "path": path,
+                        "status": loaded.status,
+                        "error": loaded.error,
+                        "servers": len(loaded.servers),
+                        "changed": not same,
+                    }
+                )
+            if self.config_path in paths:
+                self.apply_daemon_options()
             self.settings_generation += 1
-            for st in list(self.sessions.values()):
+            affected = [
+                st for st in self.sessions.values() if only is None or paths & set(st.sources)
+            ]
+            actions_by_session: dict[str, list[str]] = {}
+            for st in affected:
                 actions = await self.apply_to_session(st)
                 changed = [f"{n}: {a}" for n, a in actions if a != "keep"]
+                self._restart_crash_looped(st, paths)
                 if changed:
                     self.log("info", f"session {st.session.id} reconciled", actions=changed)
+                actions_by_session[st.session.id] = changed
+            for r in results:
+                r["sessions"] = {
+                    st.session.id: actions_by_session.get(st.session.id, [])
+                    for st in affected
+                    if r["path"] in st.sources
+                }
             return results
+
+    def _restart_crash_looped(self, st: _SessionState, paths: set[str]) -> None:
+        """A settings change to a crash-looping server gives it a fresh start (issue: supervision)."""
+        assert self.pool is not None
+        for view in st.session.views.values():
+            entry = view.handle.entry if view.handle else None
+            if entry is not None and entry.state.value == "crash-loop" and view.source in paths:
+                self.pool.restart_entry(entry)
+
+    async def files_changed(self, paths: set[str]) -> None:
+        """The watcher saw these files change (atomic replace or in-place write)."""
+        self.log("info", "settings files changed", paths=sorted(paths))
+        await self.reload(paths)
 
     # -- the process ---------------------------------------------------------------------------
 
@@ -227,8 +276,11 @@ class Daemon:
                 async with trio.open_nursery() as conn_nursery:
                     conn_nursery.start_soon(self._accept_loop, listener)
                     conn_nursery.start_soon(self._watch_signals)
+                    self.watcher.watch(self.watched_files())
+                    conn_nursery.start_soon(self.watcher.run)
                     await self.stop_requested.wait()
                     self.log("info", "shutting down")
+                    self.watcher.close()
                     listener.close()
                     with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
                         for st in list(self.sessions.values()):
@@ -237,6 +289,7 @@ class Daemon:
                         await self.pool.aclose()
                     if scope.cancelled_caught:
                         self.log("warning", "shutdown timed out; remaining upstreams are killed")
+                        self.pool.kill_all()
                 pool_nursery.cancel_scope.cancel()
         finally:
             try:
@@ -310,9 +363,13 @@ class Daemon:
                     )
                 except OSError:
                     pass
+                await _linger_close(raw.fileno())
                 return
             await self._serve_peer(raw.fileno(), peer_pid)
+            if raw.fileno() in self._linger:
+                await _linger_close(raw.fileno())
         finally:
+            self._linger.discard(raw.fileno())
             raw.close()
 
     async def _serve_peer(self, fd: int, peer_pid: int) -> None:
@@ -331,7 +388,7 @@ class Daemon:
                     try:
                         lines = framer.feed(data)
                     except MessageTooLarge as exc:
-                        await self._fail_and_close(writer, exc)
+                        await self._fail_and_close(fd, writer, exc)
                         nursery.cancel_scope.cancel()
                         return
                     while lines and first is None:
@@ -361,13 +418,15 @@ class Daemon:
                 await writer.wait_drained()
             nursery.cancel_scope.cancel()
 
-    async def _fail_and_close(self, writer: FdWriter, exc: McpoolError) -> None:
+    async def _fail_and_close(self, fd: int, writer: FdWriter, exc: McpoolError) -> None:
         try:
             writer.write(self._error_line(None, exc))
         except Exception:  # noqa: BLE001 - the peer is being dropped anyway
             return
         with trio.move_on_after(1.0):
             await writer.wait_drained()
+        # Lingering waits on the peer: _serve_connection does it once the session is released.
+        self._linger.add(fd)
 
     @staticmethod
     def _error_line(msg_id: Any, exc: McpoolError) -> bytes:
@@ -415,6 +474,7 @@ class Daemon:
         )
         state = _SessionState(session, sources)
         self.sessions[session.id] = state
+        self.watcher.watch(self.watched_files())
         self.log("info", "session attached", session=session.id, name=name, peer=peer_pid)
         if first.method == "mcpool/attach":
             writer.write(
@@ -437,7 +497,7 @@ class Daemon:
                     try:
                         lines = framer.feed(data)
                     except MessageTooLarge as exc:
-                        await self._fail_and_close(writer, exc)
+                        await self._fail_and_close(fd, writer, exc)
                         break
                     for line in lines:
                         session.handle_line(line)
@@ -445,6 +505,7 @@ class Daemon:
         finally:
             session.close("the client disconnected")
             self.sessions.pop(session.id, None)
+            self.watcher.watch(self.watched_files())
             self.log("info", "session detached", session=session.id, reason=session.close_reason)
 
     # -- admin ---------------------------------------------------------------------------------
@@ -470,7 +531,7 @@ class Daemon:
             try:
                 queue = framer.feed(data)
             except MessageTooLarge as exc:
-                await self._fail_and_close(writer, exc)
+                await self._fail_and_close(fd, writer, exc)
                 return
 
     async def _admin_request(self, writer: FdWriter, msg: Message) -> None:
@@ -554,6 +615,7 @@ class Daemon:
                     "last_error": e.last_error,
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
+                    "in_flight": up.in_flight if up is not None else 0,
                     "transport_detail": e.identity.describe(),
                 }
             )
@@ -706,6 +768,157 @@ class Daemon:
 
     _admin_set_server = _admin_setServer
 
+    # -- log level and explain (issue 8) -------------------------------------------------------
+
+    def _apply_log_level(self) -> None:
+        """`--log-level` wins over the config's `daemon.logLevel`."""
+        try:
+            self.journal.set_level(self._cli_log_level or self.options.log_level)
+        except ValueError as exc:
+            self.journal.set_level("info")
+            self.log("warning", f"daemon.logLevel ignored: {exc}", path=self.config_path)
+
+    async def _admin_explain(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Why a tool or prompt is visible or hidden for one session (`daemonctl explain`).
+
+        `name` may be an exposed name or an upstream name. Every server of the session is
+        searched in its entry's snapshot, hidden items included, so a filtered-out tool is
+        found; a name no server of the session offers is looked up in the rest of the pool.
+        """
+        assert self.pool is not None
+        st = self._session_state(params)
+        query = normalize_include(str(params.get("name") or ""))
+        if not query:
+            raise McpoolError("a tool or prompt name is required", code=INVALID_PARAMS)
+        session = st.session
+        matches: list[dict[str, Any]] = []
+        for server, view in session.views.items():
+            if view.handle is None:
+                continue
+            entry = view.handle.entry
+            for kind, upstream in self._explain_items(entry.snapshot):
+                exposed = exposed_name(server, upstream, prefix=view.prefix)
+                if query not in (upstream, exposed):
+                    continue
+                visible, rule, filt = self._explain_visibility(session, view, kind, upstream)
+                seen_by: list[dict[str, Any]] = []
+                hidden_from: list[dict[str, Any]] = []
+                for other_id, other in self.sessions.items():
+                    other_view = other.session.views.get(server)
+                    if other_id == session.id or other_view is None:
+                        continue
+                    o_visible, o_rule, _ = self._explain_visibility(
+                        other.session, other_view, kind, upstream
+                    )
+                    who = {
+                        "session": other_id,
+                        "name": other.session.name,
+                        "entry": other_view.handle.lifecycle_id if other_view.handle else None,
+                    }
+                    if o_visible:
+                        o_exposed = exposed_name(server, upstream, prefix=other_view.prefix)
+                        seen_by.append({**who, "exposed": o_exposed})
+                    else:
+                        hidden_from.append({**who, "rule": o_rule})
+                matches.append(
+                    {
+                        "kind": kind,
+                        "server": server,
+                        "entry": view.handle.lifecycle_id,
+                        "entry_state": entry.state.value,
+                        "upstream": upstream,
+                        "exposed": exposed,
+                        "visible": visible,
+                        "rule": rule,
+                        "filter": filt,
+                        "policy": view.key.canonical(),
+                        "source": view.source,
+                        "seen_by": seen_by,
+                        "hidden_from": hidden_from,
+                    }
+                )
+        elsewhere: list[dict[str, Any]] = []
+        if not matches:
+            for entry in self.pool.entries():
+                for kind, upstream in self._explain_items(entry.snapshot):
+                    if query not in (upstream, exposed_name(entry.name, upstream)):
+                        continue
+                    elsewhere.append(
+                        {
+                            "kind": kind,
+                            "server": entry.name,
+                            "entry": entry.lifecycle_id,
+                            "upstream": upstream,
+                            "reason": self._explain_absent_server(st, entry.name),
+                        }
+                    )
+        return {
+            "session": session.id,
+            "session_name": session.name,
+            "name": query,
+            "matches": matches,
+            "elsewhere": elsewhere,
+        }
+
+    def _explain_visibility(
+        self, session: Session, view: Any, kind: str, upstream: str
+    ) -> tuple[bool, str, str | None]:
+        """(visible, rule, deciding filter) for one upstream item in one session's view."""
+        allowed, rule = view.key.explain(upstream)
+        filt = (
+            "excludeTools"
+            if "excludeTools" in rule
+            else "includeTools"
+            if view.key.include is not None
+            else None
+        )
+        if not allowed:
+            return False, rule, filt
+        routes = session.registry.tool_routes if kind == "tool" else session.registry.prompt_routes
+        route = routes.get(exposed_name(view.name, upstream, prefix=view.prefix))
+        if route is not None and route.view is view and route.upstream_name == upstream:
+            return True, rule, filt
+        entry = view.handle.entry if view.handle is not None else None
+        if session.last_error:
+            why = f"the session's latest registry was rejected: {session.last_error}"
+        elif entry is not None and entry.state.value != "active":
+            why = f"the server's entry is {entry.state.value}"
+        else:
+            why = "not in the session's current registry generation yet"
+        return False, f"allowed ({rule}), but not served: {why}", filt
+
+    @staticmethod
+    def _explain_items(snapshot: Any) -> list[tuple[str, str]]:
+        items = [("tool", t.get("name")) for t in snapshot.tools]
+        items += [("prompt", p.get("name")) for p in snapshot.prompts]
+        return [(kind, name) for kind, name in items if isinstance(name, str)]
+
+    def _explain_absent_server(self, st: _SessionState, server: str) -> str:
+        for path in reversed(st.sources):
+            loaded = self.files.get(path)
+            entry = loaded.servers.get(server) if loaded is not None else None
+            if entry is not None:
+                if entry.disabled:
+                    return f"server '{server}' is disabled in {path}"
+                return f"server '{server}' in {path} is not connected to this session"
+        return f"this session's settings do not list a server named '{server}'"
+
+
+async def _linger_close(fd: int) -> None:
+    """Half-close, then discard what the peer still sends until it closes (bounded).
+
+    Closing a socket with unread input makes the kernel reset the connection: the peer's send
+    fails with EPIPE and its read with ECONNRESET instead of the error line followed by EOF.
+    """
+    try:
+        with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as dup:
+            dup.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    with trio.move_on_after(CLOSE_LINGER):
+        while await read_some(fd):
+            pass
+
 
 def _tree_rss(pid: int | None, children: bool = True) -> int | None:
     if pid is None:
@@ -741,7 +954,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mcpool daemon", description="Run the mcpool daemon.")
     parser.add_argument("--socket", help="Unix socket path (default: $MCPOOL_SOCKET or XDG)")
     parser.add_argument("--config", help="config file (default: $MCPOOL_CONFIG or XDG)")
-    parser.add_argument("--log-level", default=None)
+    parser.add_argument(
+        "--log-level",
+        type=normalize_level,
+        default=None,
+        help="debug, info, warning or error (default: the config's daemon.logLevel, else info)",
+    )
     args = parser.parse_args(argv)
     sock_path = str(_paths.socket_path(args.socket))
     config = str(_paths.config_path(args.config))
@@ -753,15 +971,11 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
         return 0
     daemon = Daemon(sock_path, config, args.log_level)
-    state = _paths.state_dir()
-    try:
-        os.makedirs(state, exist_ok=True)
-        daemon._log_file = open(_paths.daemon_log_path(Path(sock_path)), "a")  # noqa: SIM115
-    except OSError:
-        daemon._log_file = None
+    daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
     try:
         return trio.run(daemon.run)
     except KeyboardInterrupt:
         return 130
     finally:
+        daemon.journal.close()
         os.close(lock_fd)

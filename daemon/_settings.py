@@ -51,7 +51,6 @@ class LoadedFile(msgspec.Struct, kw_only=True):
     generation: int = 0
 
 
-_doc_decoder = msgspec.json.Decoder(SettingsDocument)
 _PATH_RE = re.compile(r"at `\$\.(?P<path>[^`]*)`")
 _BYTE_RE = re.compile(r"\(byte (?P<byte>\d+)\)")
 
@@ -62,23 +61,22 @@ def _line_col(data: bytes, offset: int) -> tuple[int, int]:
     return line, col
 
 
+def _field_of(exc: msgspec.ValidationError) -> tuple[str | None, str]:
+    """The field path msgspec names (`$.args[0]` -> `args[0]`), and the bare reason."""
+    text = str(exc)
+    m = _PATH_RE.search(text)
+    reason = _PATH_RE.sub("", text).strip(" -")
+    return (m.group("path") if m else None), reason
+
+
 def parse_settings(data: bytes, path: str) -> SettingsDocument:
-    """Decode and validate one settings file; raise SettingsError naming file, server, field."""
+    """Decode and validate one settings file; raise SettingsError naming file, server, field.
+
+    Entries are validated one by one (msgspec names a dict value `[...]` in its error paths,
+    which would lose the server's name).
+    """
     try:
-        doc = _doc_decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        m = _PATH_RE.search(text)
-        server = field = None
-        if m:
-            parts = re.split(r"\.|\[", m.group("path"))
-            if len(parts) >= 2 and parts[0] in ("mcpServers", "servers"):
-                server = parts[1]
-                field = ".".join(p.rstrip("]") for p in parts[2:]) or None
-            else:
-                field = m.group("path")
-        reason = _PATH_RE.sub("", text).strip(" -")
-        raise SettingsError(reason, path=path, server=server, field=field) from exc
+        raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         text = str(exc)
         m = _BYTE_RE.search(text)
@@ -88,16 +86,37 @@ def parse_settings(data: bytes, path: str) -> SettingsDocument:
         raise SettingsError(
             f"not valid JSON: {_BYTE_RE.sub('', text).strip()}", path=path, line=line, column=col
         ) from exc
-    servers = {**doc.servers, **doc.mcp_servers}
-    for name, entry in servers.items():
-        transport_kind(name, entry, path)
-        if not name or name != name.strip():
+    if not isinstance(raw, dict):
+        raise SettingsError("the top level must be a JSON object", path=path)
+    servers: dict[str, ServerSettings] = {}
+    for key in ("servers", "mcpServers"):
+        section = raw.get(key, {})
+        if not isinstance(section, dict):
+            raise SettingsError(f"{key} must be an object", path=path, field=key)
+        for name, entry in section.items():
+            if not name or name != name.strip():
+                raise SettingsError(
+                    "server names must be non-empty with no surrounding spaces",
+                    path=path,
+                    server=name,
+                )
+            try:
+                settings = msgspec.convert(entry, ServerSettings)
+            except msgspec.ValidationError as exc:
+                field, reason = _field_of(exc)
+                raise SettingsError(reason, path=path, server=name, field=field) from exc
+            transport_kind(name, settings, path)
+            servers[name] = settings
+    daemon = None
+    if raw.get("daemon") is not None:
+        try:
+            daemon = msgspec.convert(raw["daemon"], DaemonOptions)
+        except msgspec.ValidationError as exc:
+            field, reason = _field_of(exc)
             raise SettingsError(
-                "server names must be non-empty with no surrounding spaces",
-                path=path, server=name, field=None,
-            )
-    doc.mcp_servers = servers
-    return doc
+                reason, path=path, field=f"daemon.{field}" if field else "daemon"
+            ) from exc
+    return SettingsDocument(mcp_servers=servers, daemon=daemon)
 
 
 def parse_server_entry(name: str, entry: Any, source: str = "<runtime>") -> ServerSettings:

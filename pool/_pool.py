@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -197,15 +199,26 @@ class Pool:
 
     def restart(self, name: str) -> list[PoolEntry]:
         """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""
-        hit = []
+        hit = [e for e in self._entries.values() if e.name == name]
+        for entry in hit:
+            self.restart_entry(entry)
+        return [e for e in hit if e.state not in TERMINAL_STATES]
+
+    def restart_entry(self, entry: PoolEntry) -> None:
+        if entry.state not in TERMINAL_STATES:
+            entry.failures.clear()
+            entry.restart_requested.set()
+            if entry.upstream is not None:
+                entry.upstream.request_close("restart requested")
+
+    def kill_all(self) -> None:
+        """Past the shutdown bound: SIGKILL every upstream process group now."""
         for entry in self._entries.values():
-            if entry.name == name and entry.state not in TERMINAL_STATES:
-                entry.failures.clear()
-                entry.restart_requested.set()
-                if entry.upstream is not None:
-                    entry.upstream.request_close("restart requested")
-                hit.append(entry)
-        return hit
+            if entry.upstream is not None and entry.upstream.pid is not None:
+                try:
+                    os.killpg(entry.upstream.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     async def aclose(self) -> None:
         """Close every entry (L4 each), bounded."""
@@ -332,9 +345,22 @@ class Pool:
             "the daemon is shutting down",
         ):
             failure = f"{upstream.closed_reason}"
+        if failure is not None:
+            failure = _with_exit_details(failure, upstream)
         if entry.snapshot.available:
             entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
         return failure
+
+
+def _with_exit_details(failure: str, upstream: StdioUpstream) -> str:
+    """Say how the process ended and what it last said: the first thing a user needs."""
+    details = []
+    if upstream.exit_status is not None and "status" not in failure:
+        details.append(f"exit status {upstream.exit_status}")
+    tail = [line for line in upstream.stderr_tail if line.strip()]
+    if tail:
+        details.append(f"stderr: {tail[-1][:300]}")
+    return f"{failure} ({'; '.join(details)})" if details else failure
 
 
 def _contains(exc: BaseException, kind: type[BaseException]) -> bool:

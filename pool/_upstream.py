@@ -56,6 +56,7 @@ STDERR_TAIL_IN_ERRORS = 5  # stderr lines quoted in an UpstreamClosed error's da
 STDIN_CLOSE_GRACE = 2.0  # a well-behaved server exits on stdin EOF well within this
 SIGTERM_GRACE = 2.0  # time to exit after SIGTERM before the group is SIGKILLed
 SIGKILL_WAIT = 2.0  # SIGKILL cannot be ignored; this only bounds a zombie reap
+EXIT_STATUS_WAIT = 0.5  # after stdout EOF, how long in-flight errors wait for the exit status
 UPSTREAM_WRITE_BUFFER = 64 * 1024 * 1024  # a stuck child's stdin may hold this much before we fail
 
 
@@ -299,6 +300,9 @@ class StdioUpstream:
         while True:
             data = await read_some(fd)
             if not data:
+                # Usually the process is exiting: its status makes the error much clearer.
+                with trio.move_on_after(EXIT_STATUS_WAIT):
+                    await self._exited.wait()
                 if self.closed_reason is None:
                     self.closed_reason = "closed its stdout"
                 self._fail_pending()
