@@ -41,6 +41,9 @@ class EntryState(enum.Enum):
 
 TERMINAL_STATES = frozenset({EntryState.CLOSED, EntryState.FAILED})
 
+# RFC 5424 severities as MCP names them, most verbose first.
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
 
 class EntryEvent(enum.Enum):
     READY = "ready"  # handshake and discovery done
@@ -142,13 +145,27 @@ class EntryListener(Protocol):
 
     def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None: ...
 
-    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> bool: ...
+    def server_request(
+        self, entry: PoolEntry, upstream: StdioUpstream, msg: Message
+    ) -> str | None:
+        """Relay a server-to-client request; None when relayed, else why not (an error)."""
+        ...
 
 
 class Handle:
     """One session's lease on one entry. Identity and settings are captured copies (I2)."""
 
-    __slots__ = ("entry", "identity", "listener", "released", "session_id", "settings")
+    __slots__ = (
+        "entry",
+        "identity",
+        "in_flight",
+        "listener",
+        "log_level",
+        "released",
+        "session_id",
+        "settings",
+        "subscriptions",
+    )
 
     def __init__(
         self,
@@ -164,6 +181,11 @@ class Handle:
         self.settings = settings
         self.listener = listener
         self.released = False
+        # Requests of this session now at the upstream: how server-to-client requests from a
+        # shared handshake-era upstream find their session (P5).
+        self.in_flight = 0
+        self.log_level: str | None = None
+        self.subscriptions: set[str] = set()
 
     @property
     def lifecycle_id(self) -> str:
@@ -219,6 +241,27 @@ class PoolEntry:
         self.snapshot = snapshot
         for handle in list(self.handles.values()):
             handle.listener.snapshot_changed(self)
+
+    # -- shared upstream state (P6, logging levels) ----------------------------------------------
+
+    def subscribe(self, handle: Handle, uri: str) -> bool:
+        """Reference-count a resource subscription; True when the upstream must be told."""
+        first = not any(uri in h.subscriptions for h in self.handles.values())
+        handle.subscriptions.add(uri)
+        return first
+
+    def unsubscribe(self, handle: Handle, uri: str) -> bool:
+        """True when this was the last subscriber and the upstream must be told."""
+        handle.subscriptions.discard(uri)
+        return not any(uri in h.subscriptions for h in self.handles.values())
+
+    def subscribed_uris(self) -> set[str]:
+        return {uri for h in self.handles.values() for uri in h.subscriptions}
+
+    def effective_log_level(self) -> str | None:
+        """The most verbose level any session asked for (each session filters its own)."""
+        levels = [h.log_level for h in self.handles.values() if h.log_level in LOG_LEVELS]
+        return min(levels, key=LOG_LEVELS.index) if levels else None
 
     def register_progress(self, handle: Handle, token: Any) -> str:
         """P3: a token unique on this upstream, mapped back to the session's own token."""

@@ -91,6 +91,7 @@ class Pool:
         guardian: Guardian | None = None,
         rng: random.Random | None = None,
         upstream_factory: Callable[..., StdioUpstream] | None = None,
+        log: Callable[..., None] | None = None,
     ) -> None:
         self._nursery = nursery
         self.options = options or PoolOptions()
@@ -101,6 +102,8 @@ class Pool:
         self._handle_ids = itertools.count(1)
         self._upstream_factory = upstream_factory or StdioUpstream
         self._closing = False
+        self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
+        self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -159,10 +162,20 @@ class Pool:
             return
         handle.released = True
         entry = handle.entry
+        level_before = entry.effective_log_level()
+        uris = set(handle.subscriptions)
         for hid, h in list(entry.handles.items()):
             if h is handle:
                 del entry.handles[hid]
                 break
+        upstream = entry.upstream
+        if upstream is not None and upstream.alive:
+            remaining = entry.subscribed_uris()
+            for uri in uris - remaining:
+                upstream.send_request("resources/unsubscribe", _json({"uri": uri}), _ignore)
+            level = entry.effective_log_level()
+            if level is not None and level != level_before:
+                upstream.send_request("logging/setLevel", _json({"level": level}), _ignore)
         if entry.leases == 0 and entry.state not in TERMINAL_STATES:
             now = trio.current_time()
             entry.idle_since = next_idle_since(
@@ -315,7 +328,9 @@ class Pool:
             guardian=self._guardian,
             max_line=self.options.max_line,
             handshake_timeout=timeout,
-            roots=tuple(entry.settings.roots),
+            # What the daemon answers roots/list with: never one session's folders on a shared
+            # server; a workspace entry's sessions share their roots (they are in its key).
+            roots=tuple(entry.settings.roots) or entry.identity.roots,
         )
         events.upstream = upstream
         failure: str | None = None
@@ -326,6 +341,7 @@ class Pool:
                     snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
                 entry.upstream = upstream
                 entry.last_error = None
+                _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
                 entry.publish(snapshot)
                 entry.ready.set()
@@ -469,19 +485,41 @@ class _EntryEvents:
             handle.listener.upstream_notification(entry, method, params)
 
     def on_server_request(self, upstream: StdioUpstream, msg: Message) -> None:
-        for handle in list(self.entry.handles.values()):
-            if handle.listener.server_request(self.entry, upstream, msg):
-                return
-        upstream.respond_error(
-            msg.id,
-            INVALID_PARAMS,
-            f"mcpool cannot route {msg.method} from server '{self.entry.name}' to a session",
-            {
-                "server": self.entry.name,
-                "reason": "no session owns this request; set \"scope\": \"session\" for servers "
-                "that send sampling or elicitation requests",
-            },
-        )
+        """P5: a request from the upstream goes to the session that owns it, or is refused."""
+        entry = self.entry
+        handles = list(entry.handles.values())
+        if entry.identity.scope == "session" and len(handles) == 1:
+            owner: Handle | None = handles[0]
+        else:
+            busy = {h.session_id: h for h in handles if h.in_flight > 0}
+            owner = next(iter(busy.values())) if len(busy) == 1 else None
+        if owner is None:
+            reason = (
+                "no session has a request in flight on this shared server"
+                if not any(h.in_flight for h in handles)
+                else "several sessions have requests in flight on this shared server"
+            )
+            if entry.name not in self.pool._advised:
+                self.pool._advised.add(entry.name)
+                self.pool.log(
+                    "warning",
+                    f"server '{entry.name}' sent {msg.method} that no single session owns "
+                    f"({reason}); set \"scope\": \"session\" for this server so each session "
+                    "has its own process and such requests always reach it",
+                    server=entry.name,
+                )
+            upstream.respond_error(
+                msg.id,
+                INVALID_PARAMS,
+                f"mcpool cannot route {msg.method} from server '{entry.name}' to one session",
+                {"server": entry.name, "reason": reason, "advice": 'set "scope": "session"'},
+            )
+            return
+        refusal = owner.listener.server_request(entry, upstream, msg)
+        if refusal is not None:
+            upstream.respond_error(
+                msg.id, INVALID_PARAMS, refusal, {"server": entry.name, "reason": refusal}
+            )
 
     def _schedule_relist(self, kind: str, method: str, field: str) -> None:
         if kind in self._relisting:
@@ -530,6 +568,23 @@ class _EntryEvents:
                     return
         finally:
             self._relisting.pop(kind, None)
+
+
+def _json(value: Any) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _ignore(msg: Message) -> None:
+    pass
+
+
+def _restore_shared_state(entry: PoolEntry, upstream: StdioUpstream) -> None:
+    """After a (re)start: the level and subscriptions the sessions asked for apply again."""
+    level = entry.effective_log_level()
+    if level is not None:
+        upstream.send_request("logging/setLevel", _json({"level": level}), _ignore)
+    for uri in sorted(entry.subscribed_uris()):
+        upstream.send_request("resources/subscribe", _json({"uri": uri}), _ignore)
 
 
 def _decode_params(params: Raw | UnsetType) -> dict[str, Any]:

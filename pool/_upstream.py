@@ -78,6 +78,19 @@ class _GroupRegistry(Protocol):
 
 
 _result_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class _RawError(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    error: Raw
+
+
+class _RawResult(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    result: Raw
 
 
 class StdioUpstream:
@@ -148,6 +161,16 @@ class StdioUpstream:
     def respond(self, msg_id: Any, result: Any) -> None:
         if self.alive:
             self._write(response(msg_id, result))
+
+    def respond_raw(self, msg_id: Any, result: Raw | UnsetType, error: Raw | UnsetType) -> None:
+        """Relay a session's answer to a server-to-client request, payload untouched."""
+        if not self.alive:
+            return
+        if error is not UNSET:
+            self._write(_encoder.encode(_RawError("2.0", msg_id, error)) + b"\n")
+        else:
+            body = result if result is not UNSET else Raw(b"{}")
+            self._write(_encoder.encode(_RawResult("2.0", msg_id, body)) + b"\n")
 
     def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
         if self.alive:
@@ -332,7 +355,7 @@ class StdioUpstream:
                 self._events.on_notification(msg.method, msg.params)
             elif msg.method == "ping":
                 self.respond(msg.id, {})
-            elif msg.method == "roots/list":
+            elif msg.method == "roots/list" and self.identity.scope != "session":
                 self.respond(
                     msg.id,
                     {"roots": [{"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots]},

@@ -31,6 +31,7 @@ from mcpool.pool import Handle, Pool, PoolEntry, StdioUpstream
 from mcpool.protocol import (
     INVALID_REQUEST,
     RESOURCE_NOT_FOUND,
+    SESSION_CLOSING,
     InvalidParams,
     JsonRpcId,
     McpoolError,
@@ -41,6 +42,7 @@ from mcpool.protocol import (
     error_response,
     negotiate,
     notification,
+    request,
     response,
 )
 
@@ -97,24 +99,35 @@ class Writer(Protocol):
 class _InFlight:
     """One forwarded request: the reply callback, and what cancelling it needs."""
 
-    __slots__ = ("client_id", "entry", "progress", "session", "uid", "upstream")
+    __slots__ = ("client_id", "entry", "handle", "progress", "session", "uid", "upstream")
 
     def __init__(
-        self, session: Session, client_id: Any, entry: PoolEntry, upstream: StdioUpstream
+        self, session: Session, client_id: Any, handle: Handle, upstream: StdioUpstream
     ) -> None:
         self.session = session
         self.client_id = client_id
-        self.entry = entry
+        self.handle = handle
+        self.entry = handle.entry
         self.upstream = upstream
         self.uid = 0
         self.progress: str | None = None
+        handle.in_flight += 1
 
-    def __call__(self, msg: Message) -> None:
+    def finish(self) -> None:
+        """Forget this request (answered, cancelled, or the session closed); idempotent."""
         s = self.session
         if s.inflight.get(self.client_id) is self:
             del s.inflight[self.client_id]
         if self.progress is not None:
             self.entry.unregister_progress(self.progress)
+            self.progress = None
+        if self.uid >= 0:
+            self.handle.in_flight -= 1
+            self.uid = -1
+
+    def __call__(self, msg: Message) -> None:
+        s = self.session
+        self.finish()
         if s.closed:
             return
         if msg.error is not UNSET:
@@ -128,6 +141,31 @@ def request_id(msg: Message) -> JsonRpcId:
     """The id of a message already known to be a request."""
     assert isinstance(msg.id, int | str)
     return msg.id
+
+
+class _Relayed:
+    """A request an upstream sent to this session's client, awaiting the client's answer."""
+
+    __slots__ = ("progress_token", "upstream", "upstream_id")
+
+    def __init__(self, upstream: StdioUpstream, upstream_id: Any, progress_token: Any) -> None:
+        self.upstream = upstream
+        self.upstream_id = upstream_id
+        self.progress_token = progress_token
+
+
+class _RawRequest(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    method: str
+    params: Raw
+
+
+_CLIENT_CAPABILITY = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+}
 
 
 def decode_params(params: Raw | UnsetType) -> dict[str, Any]:
@@ -201,6 +239,8 @@ class Session:
         self.close_reason: str | None = None
         self.on_close: Callable[[Session], None] | None = None
         self.notifications_sent = 0
+        self.relayed: dict[str, _Relayed] = {}
+        self._relay_ids = itertools.count(1)
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -350,9 +390,16 @@ class Session:
         self.close_reason = reason
         for flight in list(self.inflight.values()):
             flight.upstream.cancel(flight.uid, "the client disconnected")
-            if flight.progress is not None:
-                flight.entry.unregister_progress(flight.progress)
+            flight.finish()
         self.inflight.clear()
+        for relay in self.relayed.values():
+            relay.upstream.respond_error(
+                relay.upstream_id,
+                SESSION_CLOSING,
+                "the session that owned this request disconnected",
+                {"reason": reason},
+            )
+        self.relayed.clear()
         self.release_all()
         self._notify_wake.set()
         if self.on_close is not None:
@@ -391,7 +438,8 @@ class Session:
     def _handle(self, msg: Message) -> None:
         method = msg.method
         if method is UNSET:
-            return  # a response to a request of ours: none are sent to clients yet
+            self._client_response(msg)
+            return
         if msg.id is UNSET:
             self._notification(method, msg.params)
             return
@@ -413,11 +461,21 @@ class Session:
                 p = decode_params(params)
             except McpoolError:
                 return
-            flight = self.inflight.pop(p.get("requestId"), None)
+            flight = self.inflight.get(p.get("requestId"))
             if flight is not None:
                 flight.upstream.cancel(flight.uid, str(p.get("reason") or "cancelled by the client"))
-                if flight.progress is not None:
-                    flight.entry.unregister_progress(flight.progress)
+                flight.finish()
+        elif method == "notifications/progress":
+            # Progress the client reports on a request an upstream sent it (P5).
+            try:
+                p = decode_params(params)
+            except McpoolError:
+                return
+            token = p.get("progressToken")
+            for relay in self.relayed.values():
+                if relay.progress_token is not None and relay.progress_token == token:
+                    relay.upstream.send_notification(method, params)
+                    break
 
     # -- request handlers ----------------------------------------------------------------------
 
@@ -528,19 +586,32 @@ class Session:
         self._forward(msg, self._resource_view(p.get("uri")), "resources/read", p)
 
     def _subscribe(self, msg: Message) -> None:
+        """P6: the upstream is subscribed once per URI, however many sessions ask."""
         p = decode_params(msg.params)
         uri = p.get("uri")
+        if not isinstance(uri, str):
+            raise InvalidParams("resources/subscribe needs a uri")
         view = self._resource_view(uri)
-        if isinstance(uri, str):
-            self.subscriptions.add(uri)
-        self._forward(msg, view, "resources/subscribe", p)
+        assert view.handle is not None
+        self.subscriptions.add(uri)
+        if view.handle.entry.subscribe(view.handle, uri):
+            self._forward(msg, view, "resources/subscribe", p)
+        else:
+            self.send(response(request_id(msg), {}))
 
     def _unsubscribe(self, msg: Message) -> None:
         p = decode_params(msg.params)
         uri = p.get("uri")
+        if not isinstance(uri, str):
+            raise InvalidParams("resources/unsubscribe needs a uri")
         view = self._resource_view(uri)
-        self.subscriptions.discard(uri if isinstance(uri, str) else "")
-        self._forward(msg, view, "resources/unsubscribe", p)
+        assert view.handle is not None
+        self.subscriptions.discard(uri)
+        was_subscribed = uri in view.handle.subscriptions
+        if was_subscribed and view.handle.entry.unsubscribe(view.handle, uri):
+            self._forward(msg, view, "resources/unsubscribe", p)
+        else:
+            self.send(response(request_id(msg), {}))
 
     def _complete(self, msg: Message) -> None:
         p = decode_params(msg.params)
@@ -566,10 +637,22 @@ class Session:
             raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
         self.log_level = level
         for view in self.registry.views:
-            entry = view.handle.entry if view.handle else None
-            if entry is not None and entry.upstream is not None and "logging" in entry.snapshot.capabilities:
+            handle = view.handle
+            if handle is None:
+                continue
+            entry = handle.entry
+            before = entry.effective_log_level()
+            handle.log_level = level
+            after = entry.effective_log_level()
+            # A shared upstream logs at the most verbose level any of its sessions asked for;
+            # each session still receives only messages at or above its own level.
+            if (
+                after != before
+                and entry.upstream is not None
+                and "logging" in entry.snapshot.capabilities
+            ):
                 entry.upstream.send_request(
-                    "logging/setLevel", _encoder.encode({"level": level}), _ignore_reply
+                    "logging/setLevel", _encoder.encode({"level": after}), _ignore_reply
                 )
         self.send(response(request_id(msg), {}))
 
@@ -586,7 +669,7 @@ class Session:
                 lastError=entry.last_error,
             )
         client_id = msg.id
-        flight = _InFlight(self, client_id, entry, upstream)
+        flight = _InFlight(self, client_id, handle, upstream)
         meta = params.get("_meta")
         if isinstance(meta, dict) and "progressToken" in meta:
             flight.progress = entry.register_progress(handle, meta["progressToken"])
@@ -595,15 +678,25 @@ class Session:
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
         except McpoolError:
-            self.inflight.pop(client_id, None)
-            if flight.progress is not None:
-                entry.unregister_progress(flight.progress)
+            flight.finish()
             raise
 
     # -- from upstreams ------------------------------------------------------------------------
 
     def upstream_notification(self, view: SessionView, method: str, params: Raw | UnsetType) -> None:
         if self.closed or not self.initialize_answered:
+            return
+        if method == "notifications/cancelled":
+            # The upstream gave up on a request it sent this client: pass that on (P5).
+            try:
+                rid = decode_params(params).get("requestId")
+            except McpoolError:
+                return
+            handle_upstream = view.handle.entry.upstream if view.handle else None
+            for did, relay in list(self.relayed.items()):
+                if relay.upstream is handle_upstream and relay.upstream_id == rid:
+                    del self.relayed[did]
+                    self.send(notification(method, {**decode_params(params), "requestId": did}))
             return
         if method == "notifications/message":
             if self.log_level is not None:
@@ -624,8 +717,37 @@ class Session:
             if uri in self.subscriptions:
                 self.send(notification(method, params))
 
-    def server_request(self, view: SessionView, upstream: StdioUpstream, msg: Message) -> bool:
-        return False  # sampling/elicitation relay: see the protocol-eras work
+    def server_request(
+        self, view: SessionView, upstream: StdioUpstream, msg: Message
+    ) -> str | None:
+        """P5: relay an upstream's request to this client; None when sent, else why not."""
+        method = msg.method if isinstance(msg.method, str) else ""
+        capability = _CLIENT_CAPABILITY.get(method)
+        if capability is not None and capability not in self.client_capabilities:
+            return f"the session does not support {method} (no {capability} capability)"
+        if not self.initialized or self.closed:
+            return f"the session cannot take {method} now (handshake not complete)"
+        downstream_id = f"mcpool-{next(self._relay_ids)}"
+        token = None
+        if msg.params is not UNSET:
+            try:
+                meta = decode_params(msg.params).get("_meta")
+            except McpoolError:
+                meta = None
+            if isinstance(meta, dict):
+                token = meta.get("progressToken")
+        self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
+        self.send(
+            _encoder.encode(_RawRequest("2.0", downstream_id, method, msg.params)) + b"\n"
+            if msg.params is not UNSET
+            else request(downstream_id, method)
+        )
+        return None
+
+    def _client_response(self, msg: Message) -> None:
+        relay = self.relayed.pop(msg.id, None) if isinstance(msg.id, str) else None
+        if relay is not None:
+            relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
 
 
 def _ignore_reply(msg: Message) -> None:

@@ -114,6 +114,7 @@ class FakeUpstream:
         self.pid: int | None = None
         self.started_at: float | None = None
         self.closed_reason: str | None = None
+        self.exit_status: int | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.server_capabilities: dict[str, Any] = {}
         self.server_info: dict[str, Any] = {"name": identity.name}
