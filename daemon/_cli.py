@@ -16,8 +16,26 @@ commands:
   attach [--socket PATH] [--settings FILE]... [--name NAME]
               a stdio MCP server relaying to the mcpool daemon (starting it when needed)
   daemon ...  run the daemon in the foreground (`mcpool daemon --help`)
+  demo        see mcpool share one server between three sessions (private, cleans up)
+  import --from claude-code|claude-desktop|vscode|cursor|gemini [FILE]
+              copy a client's MCP servers into mcpool settings
+  setup-client claude-code|vscode|cursor|claude-desktop [--write]
+              the snippet that points a client at `mcpool attach`
+  systemd-unit
+              a systemd user unit running `mcpool daemon`
   --version   print the version
+
+`daemonctl` inspects and controls a running daemon.
 """
+
+
+# Imported only when chosen: none of them may slow down `mcpool attach`.
+_LAZY = {
+    "demo": ("mcpool.daemon._demo", "main"),
+    "import": ("mcpool.daemon._import", "main"),
+    "setup-client": ("mcpool.daemon._setup", "setup_client_main"),
+    "systemd-unit": ("mcpool.daemon._setup", "systemd_unit_main"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
 
         status: int = daemon_main(rest)
         return status
+    if command in _LAZY:
+        from importlib import import_module
+
+        module, function = _LAZY[command]
+        run = getattr(import_module(module), function)
+        result: int = run(rest)
+        return result
     if command == "--version":
         from mcpool import __version__
 

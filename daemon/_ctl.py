@@ -1,20 +1,23 @@
 """`daemonctl`: inspect and control the mcpool daemon over its admin socket.
 
 Each command is one `mcpool/admin/<command>` request on one connection (COMMON.md). `--json`
-prints the daemon's result unchanged; otherwise rich renders a table, imported only then.
-Exit status: 0 ok, 1 the daemon answered with an error or the command failed, 2 usage, 3 no
-daemon running.
+prints the daemon's result unchanged (its shapes are documented in the README); otherwise rich
+renders a table, imported only then. Long operations (start, stop, restart, reload) show a
+spinner on a terminal's stderr and end with one result line.
+Exit status: 0 ok, 1 the daemon answered with an error or the command failed (also: `explain`
+found nothing of that name), 2 usage, 3 no daemon running.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mcpool.daemon._paths import socket_path
@@ -154,9 +157,13 @@ def _parser() -> argparse.ArgumentParser:
     add("status", "the daemon's state, configuration files and problems")
     add("servers", "pooled upstream servers")
     add("sessions", "attached sessions")
+    add("start", "start a daemon in the background unless one is running, and wait for it")
     tools = add("tools", "the tools and prompts one session sees")
     tools.add_argument("session", metavar="SESSION")
     tools.add_argument("--server", metavar="NAME")
+    explain = add("explain", "why a tool or prompt is visible or hidden for one session")
+    explain.add_argument("session", metavar="SESSION", help="session id or name")
+    explain.add_argument("name", metavar="NAME", help="exposed or upstream tool or prompt name")
     restart = add("restart", "restart every running entry of a server")
     restart.add_argument("name", metavar="NAME")
     add("reload", "re-read the settings files now")
@@ -186,6 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     path = socket_path(getattr(args, "socket", None))
     as_json: bool = getattr(args, "json", False)
+    if args.command == "start":
+        try:
+            return _cmd_start(path, as_json)
+        except CommandError as exc:
+            sys.stderr.write(f"daemonctl: {exc}\n")
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            return 130
     try:
         client = AdminClient(path)
     except NoDaemonError:
@@ -253,24 +268,43 @@ def _cmd_tools(client: AdminClient, args: argparse.Namespace, as_json: bool) -> 
 
 
 def _cmd_restart(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
-    result = client.call("restart", {"name": args.name})
+    began = time.monotonic()
+    with progress(f"restarting {args.name}", as_json):
+        result = client.call("restart", {"name": args.name})
+    took = time.monotonic() - began
+    entries = result.get("entries") or []
+    # An entry that did not come back (crash-loop, failed) is a failed restart.
+    failed = [e for e in entries if e.get("result") not in ("active", "restarted")]
     if as_json:
         _print_json(result)
-        return EXIT_OK
-    entries = result.get("entries") or []
+        return EXIT_FAILED if failed else EXIT_OK
     if not entries:
         _print(f"no running entry of {_text(args.name)}")
         return EXIT_OK
-    table = _table("ENTRY", "RESULT")
+    table = _table("ENTRY", "RESULT", "PID", "ERROR")
     for entry in entries:
-        table.add_row(_text(entry.get("id")), _text(entry.get("result")))
+        table.add_row(
+            _text(entry.get("id")),
+            _text(entry.get("result")),
+            _text(entry.get("pid")),
+            _text(entry.get("error")),
+        )
     _print(table)
-    return EXIT_OK
+    up = len(entries) - len(failed)
+    noun = "entry" if len(entries) == 1 else "entries"
+    verdict = "restarted" if not failed else "restart incomplete"
+    sys.stdout.write(f"{verdict}: {args.name}, {up} of {len(entries)} {noun} up ({took:.2f} s)\n")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _cmd_reload(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
-    result = client.call("reload", {})
+    began = time.monotonic()
+    with progress("reloading settings and applying them to every session", as_json):
+        result = client.call("reload", {})
+    took = time.monotonic() - began
     files = result.get("files") or []
+    # A file the daemon could not use is a failed reload, even though the daemon answered.
+    failed = [item for item in files if item.get("status") == "error"]
     if as_json:
         _print_json(result)
     else:
@@ -280,9 +314,70 @@ def _cmd_reload(client: AdminClient, args: argparse.Namespace, as_json: bool) ->
                 _text(item.get("path")), _text(item.get("status")), _text(item.get("error"))
             )
         _print(table)
-    # A file the daemon could not use is a failed reload, even though the daemon answered.
-    failed = any(item.get("status") == "error" for item in files)
+        counts: dict[str, int] = {}
+        for item in files:
+            counts[str(item.get("status"))] = counts.get(str(item.get("status")), 0) + 1
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        verdict = "reload applied" if not failed else "reload applied with errors"
+        sys.stdout.write(f"{verdict}: {len(files)} files ({summary or 'none'}) in {took:.2f} s\n")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _cmd_explain(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+    result = client.call("explain", {"session": args.session, "name": args.name})
+    if as_json:
+        _print_json(result)
+    else:
+        _render_explain(result)
+    return EXIT_OK if result.get("matches") else EXIT_FAILED
+
+
+def _cmd_start(path: os.PathLike[str] | str, as_json: bool) -> int:
+    """Start a detached daemon (as `mcpool attach` would) unless one answers, and wait for it."""
+    from pathlib import Path
+
+    from mcpool.daemon._attach import AttachError, connect_or_start
+
+    began = time.monotonic()
+    try:
+        with progress(f"starting mcpool daemon at {path}", as_json):
+            sock, started = connect_or_start(Path(path))
+            sock.close()
+            client = AdminClient(path)
+            try:
+                status = client.call("status", {})
+            finally:
+                client.close()
+    except AttachError as exc:
+        raise CommandError(str(exc)) from None
+    except NoDaemonError:
+        raise CommandError(f"the daemon at {path} went away while starting") from None
+    took = time.monotonic() - began
+    result = {
+        "pid": status.get("pid"),
+        "socket": str(path),
+        "started": started is not None and started.pid == status.get("pid"),
+        "seconds": round(took, 3),
+    }
+    if as_json:
+        _print_json(result)
+    elif result["started"]:
+        sys.stdout.write(f"mcpool daemon started (pid {result['pid']}) at {path} in {took:.2f} s\n")
+    else:
+        sys.stdout.write(f"mcpool daemon already running (pid {result['pid']}) at {path}\n")
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def progress(message: str, as_json: bool) -> Iterator[None]:
+    """A spinner on stderr while a long operation runs, only when a person is watching."""
+    if as_json or not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(message):
+        yield
 
 
 def _cmd_logs(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
@@ -332,11 +427,7 @@ def new_lines(previous: list[str], current: list[str]) -> list[str]:
 def _cmd_stop(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
     result = client.call("stop", {})
     pid = int(result["pid"])
-    tty = sys.stdout.isatty() and not as_json
-    if tty:
-        with _console().status(f"stopping mcpool daemon (pid {pid})"):
-            stopped = _wait_stopped(client.path, pid)
-    else:
+    with progress(f"stopping mcpool daemon (pid {pid})", as_json):
         stopped = _wait_stopped(client.path, pid)
     if not stopped:
         raise CommandError(f"the daemon (pid {pid}) did not stop within {STOP_TIMEOUT:g} s")
@@ -388,6 +479,7 @@ _COMMANDS: dict[str, Command] = {
     "servers": _cmd_servers,
     "sessions": _cmd_sessions,
     "tools": _cmd_tools,
+    "explain": _cmd_explain,
     "restart": _cmd_restart,
     "reload": _cmd_reload,
     "logs": _cmd_logs,
@@ -419,6 +511,8 @@ def _print(renderable: object) -> None:
     sys.stdout.write("".join(line.rstrip() + "\n" for line in capture.get().splitlines()))
 
 
+# Enough of the 12-character fingerprint to tell entries apart at a glance (I1: a prefix is safe).
+FINGERPRINT_SHOWN = 8
 _IDENTIFIERS = frozenset({"NAME", "ID", "ENTRY", "SESSION", "EXPOSED"})
 
 
@@ -482,7 +576,9 @@ def _render_status(status: dict[str, Any]) -> None:
     grid.add_row("sessions", _text(status.get("sessions")))
     grid.add_row("entries", _text(status.get("entries")))
     grid.add_row("processes", _text(status.get("processes")))
-    grid.add_row("rss", _mib(status.get("rss")))
+    grid.add_row("upstream rss", _mib(status.get("rss")))
+    if "daemon_rss" in status:
+        grid.add_row("daemon rss", _mib(status.get("daemon_rss")))
     _print(grid)
     config = status.get("config") or []
     if config:
@@ -514,19 +610,33 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
         return
     # Only these fields, by name: whatever else an entry carries (env, headers) is never shown.
     table = _table(
-        "NAME", "ID", "STATE", "REFS", "PID", "STARTED", "ERA", "RESTARTS", "RSS", "LAST ERROR"
+        "NAME",
+        "ID",
+        "STATE",
+        "TRANSPORT",
+        "ERA",
+        "PID",
+        "RSS",
+        "REFS",
+        "UP SINCE",
+        "RESTARTS",
+        "FINGERPRINT",
+        "LAST ERROR",
     )
+    now = time.time()
     for server in servers:
         table.add_row(
             _text(server.get("name")),
             _text(server.get("id")),
             _text(server.get("state")),
-            str(len(server.get("refs") or [])),
-            _text(server.get("pid")),
-            _text(_when(server.get("started_at"))),
+            _text(server.get("transport")),
             _text(server.get("era")),
-            _text(server.get("restarts")),
+            _text(server.get("pid")),
             _mib(server.get("rss")),
+            str(len(server.get("refs") or [])),
+            _text(_when(server.get("started_at"), now)),
+            _text(server.get("restarts")),
+            _text((server.get("fingerprint") or "")[:FINGERPRINT_SHOWN] or None),
             _text(server.get("last_error")),
         )
     _print(table)
@@ -548,6 +658,74 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
             _text(session.get("pending_notifications")),
         )
     _print(table)
+
+
+def _render_explain(result: dict[str, Any]) -> None:
+    session = f"{result.get('session')} ({result.get('session_name')})"
+    matches = result.get("matches") or []
+    if not matches:
+        _print(f"{_text(result.get('name'))}: no server of session {_text(session)} offers it")
+        for item in result.get("elsewhere") or []:
+            _print(
+                f"  {_text(item.get('kind'))} {_text(item.get('upstream'))} of server "
+                f"{_text(item.get('server'))} ({_text(item.get('entry'))}): "
+                f"{_text(item.get('reason'))}"
+            )
+        return
+    for n, match in enumerate(matches):
+        if n:
+            sys.stdout.write("\n")
+        verdict = "VISIBLE" if match.get("visible") else "HIDDEN"
+        _print(f"{_text(match.get('exposed'))}: {verdict} in session {_text(session)}")
+        policy = match.get("policy") or {}
+        grid = _grid()
+        grid.add_row(
+            "what",
+            _text(
+                f"{match.get('kind')} '{match.get('upstream')}' of server "
+                f"'{match.get('server')}' (entry {match.get('entry')}, "
+                f"{match.get('entry_state')})"
+            ),
+        )
+        grid.add_row("why", _text(match.get("rule")))
+        filt = match.get("filter")
+        if filt:
+            grid.add_row("filter", _text(f"{filt} = {json.dumps(policy.get(filt))}"))
+        source = match.get("source")
+        grid.add_row(
+            "set by",
+            _text(f"server '{match.get('server')}' in {source}" if source else "-"),
+        )
+        grid.add_row("policy", _text(_policy_text(policy)))
+        seen = [
+            f"{o.get('session')} ({o.get('name')}) as {o.get('exposed')}"
+            for o in match.get("seen_by") or []
+        ]
+        hidden = [
+            f"{o.get('session')} ({o.get('name')}): {o.get('rule')}"
+            for o in match.get("hidden_from") or []
+        ]
+        grid.add_row("seen by", _text("; ".join(seen) or "no other session"))
+        if hidden:
+            grid.add_row("hidden in", _text("; ".join(hidden)))
+        _print(grid)
+
+
+def _policy_text(policy: dict[str, Any]) -> str:
+    parts = []
+    for field in ("trust", "includeTools", "excludeTools", "alwaysLoadTools"):
+        value = policy.get(field)
+        parts.append(f"{field} {'-' if value is None else json.dumps(value)}")
+    return ", ".join(parts)
+
+
+def _grid() -> Table:
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    return grid
 
 
 def _render_tools(tools: list[dict[str, Any]]) -> None:

@@ -118,6 +118,41 @@ RESULTS: dict[str, Any] = {
     "restart": {"entries": [{"id": "time::3f9a1c2b", "result": "restarted"}]},
     "logs": {"lines": ["12:00:00 started", "12:00:01 time: ready"]},
     "setServer": {"action": "refresh"},
+    "explain": {
+        "session": "sess-a",
+        "session_name": "proj",
+        "name": "write_file",
+        "matches": [
+            {
+                "kind": "tool",
+                "server": "files",
+                "entry": "files::aa00bb11cc22",
+                "entry_state": "active",
+                "upstream": "write_file",
+                "exposed": "files__write_file",
+                "visible": False,
+                "rule": "excluded by excludeTools",
+                "filter": "excludeTools",
+                "policy": {
+                    "trust": None,
+                    "includeTools": None,
+                    "excludeTools": ["write_file"],
+                    "alwaysLoadTools": False,
+                },
+                "source": "/p/.mcp.json",
+                "seen_by": [
+                    {
+                        "session": "sess-b",
+                        "name": "other",
+                        "entry": "files::aa00bb11cc22",
+                        "exposed": "files__write_file",
+                    }
+                ],
+                "hidden_from": [],
+            }
+        ],
+        "elsewhere": [],
+    },
 }
 
 
@@ -207,6 +242,11 @@ def daemonctl(sock: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (["tools", "sess-a", "--server", "time"], "tools", {"session": "sess-a", "server": "time"}),
         (["restart", "time"], "restart", {"name": "time"}),
         (["reload"], "reload", {}),
+        (
+            ["explain", "sess-a", "write_file"],
+            "explain",
+            {"session": "sess-a", "name": "write_file"},
+        ),
         (["logs"], "logs", {"name": None, "lines": 50}),
         (["logs", "time", "-n", "5"], "logs", {"name": "time", "lines": 5}),
         (
@@ -240,6 +280,12 @@ def test_human_servers_table_shows_ids_and_never_env_or_header_values(admin: Fak
     out = proc.stdout
     for text in ("time::3f9a1c2b", "scratch::unpooled-1", "crash-loop", "66.0 MiB", "2025-06-18"):
         assert text in out
+    # The fingerprint prefix and transport; never the full fingerprint's tail.
+    assert "3f9a1c2b " in out
+    assert "3f9a1c2b7d11" not in out
+    assert "stdio" in out
+    for column in ("TRANSPORT", "ERA", "RSS", "UP SINCE", "RESTARTS", "FINGERPRINT"):
+        assert column in out
     # Error text is shown as written, not read as rich markup.
     assert "exited with status 1 [bold]" in out
     assert re.search(r"\d\d:\d\d:\d\d \((59s|1m0\ds)\)", out)
@@ -406,3 +452,53 @@ def test_import_does_not_pull_in_rich() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True
     )
     assert out.stdout == "False\n"
+
+
+def test_human_explain_names_the_rule_the_file_and_other_sessions(admin: FakeAdmin) -> None:
+    proc = daemonctl(admin.path, "explain", "sess-a", "write_file")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    out = proc.stdout
+    assert out.startswith("files__write_file: HIDDEN in session sess-a (proj)\n")
+    for text in (
+        "tool 'write_file' of server 'files' (entry files::aa00bb11cc22, active)",
+        "excluded by excludeTools",
+        'excludeTools = ["write_file"]',
+        "server 'files' in /p/.mcp.json",
+        "sess-b (other) as files__write_file",
+    ):
+        assert text in out
+
+
+def test_explain_of_an_unknown_name_exits_1_and_says_where_it_is(admin: FakeAdmin) -> None:
+    admin.results["explain"] = {
+        "session": "sess-a",
+        "session_name": "proj",
+        "name": "now",
+        "matches": [],
+        "elsewhere": [
+            {
+                "kind": "tool",
+                "server": "time",
+                "entry": "time::3f9a1c2b",
+                "upstream": "now",
+                "reason": "this session's settings do not list a server named 'time'",
+            }
+        ],
+    }
+    proc = daemonctl(admin.path, "explain", "sess-a", "now")
+    assert proc.returncode == 1
+    assert "now: no server of session sess-a (proj) offers it" in proc.stdout
+    assert "do not list a server named 'time'" in proc.stdout
+
+
+def test_reload_and_restart_end_with_a_one_line_result(admin: FakeAdmin) -> None:
+    reload = daemonctl(admin.path, "reload").stdout.splitlines()
+    assert re.fullmatch(r"reload applied: 1 files \(1 ok\) in \d+\.\d\d s", reload[-1])
+    restart = daemonctl(admin.path, "restart", "time").stdout.splitlines()
+    assert re.fullmatch(r"restarted: time, 1 of 1 entry up \(\d+\.\d\d s\)", restart[-1])
+    admin.results["restart"] = {
+        "entries": [{"id": "time::3f9a1c2b", "result": "crash-loop", "error": "exit 1"}]
+    }
+    failed = daemonctl(admin.path, "restart", "time")
+    assert failed.returncode == 1
+    assert failed.stdout.splitlines()[-1].startswith("restart incomplete: time, 0 of 1 entry up")

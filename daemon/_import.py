@@ -1,0 +1,380 @@
+"""`mcpool import --from CLIENT [FILE]`: turn a client's MCP configuration into mcpool settings.
+
+Each client spells the same idea slightly differently: Claude Code, Claude Desktop and Cursor use
+`mcpServers`; VS Code uses `servers` with `type` (and `${input:...}` variables); gemini-cli uses
+`mcpServers` with `httpUrl`/`url`/`trust`/`includeTools`/`excludeTools`, which is mcpool's own
+shape. `convert` is pure: document in, (servers, notes) out. Every field or entry that cannot be
+carried over as it means in the client becomes a note, so the user learns what to check instead
+of finding out from a server that does not start. `main` merges the result into the user config
+(or `--output`), never replacing a differing server of the same name without `--overwrite`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+CLIENTS = ("claude-code", "claude-desktop", "vscode", "cursor", "gemini")
+
+# Fields every client shares with mcpool, carried over as they are.
+_COMMON = ("command", "args", "env", "cwd", "url", "headers", "description", "disabled")
+# gemini-cli's fields are mcpool's policy fields verbatim.
+_GEMINI = ("httpUrl", "timeout", "trust", "includeTools", "excludeTools")
+_MCPOOL = ("alwaysLoadTools", "scope", "prefix", "roots")
+_TYPES = {"stdio": "stdio", "http": "http", "sse": "sse"}
+_TYPE_ALIASES = {"streamable-http": "http", "streamableHttp": "http", "streamable_http": "http"}
+
+_VAR = re.compile(r"\$\{(?P<name>[^}]+)\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+class ImportFailed(Exception):
+    """Printed as `mcpool import: <message>`; exit status 1."""
+
+
+def default_sources(client: str) -> list[Path]:
+    """Where each client keeps its configuration, project file first."""
+    home, cwd = Path.home(), Path.cwd()
+    config = os.environ.get("XDG_CONFIG_HOME", "")
+    xdg = Path(config) if os.path.isabs(config) else home / ".config"
+    if client == "claude-code":
+        return [cwd / ".mcp.json", home / ".claude.json"]
+    if client == "claude-desktop":
+        if sys.platform == "darwin":
+            mac = home / "Library" / "Application Support" / "Claude"
+            return [mac / "claude_desktop_config.json"]
+        return [xdg / "Claude" / "claude_desktop_config.json"]
+    if client == "vscode":
+        return [cwd / ".vscode" / "mcp.json", xdg / "Code" / "User" / "mcp.json"]
+    if client == "cursor":
+        return [cwd / ".cursor" / "mcp.json", home / ".cursor" / "mcp.json"]
+    return [cwd / ".gemini" / "settings.json", home / ".gemini" / "settings.json"]
+
+
+def loads_jsonc(text: str) -> Any:
+    """JSON with `//` and `/* */` comments and trailing commas (VS Code's and gemini's files)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        else:
+            out.append(c)
+            i += 1
+    return json.loads(re.sub(r",(\s*[}\]])", r"\1", "".join(out)))
+
+
+def is_mcpool(entry: dict[str, Any]) -> bool:
+    """The entry `mcpool setup-client` writes: importing it would make mcpool start itself."""
+    command = os.path.basename(str(entry.get("command") or ""))
+    args = [str(a) for a in entry.get("args") or []]
+    return (command == "mcpool" and args[:1] == ["attach"]) or args[:3] == [
+        "-m",
+        "mcpool",
+        "attach",
+    ]
+
+
+def _project_dir(client: str, source: Path | None) -> Path | None:
+    """The project a project-scoped file belongs to (its servers ran there), else None."""
+    if source is None:
+        return None
+    if client == "claude-code" and source.name == ".mcp.json":
+        return source.parent
+    # ~/.cursor/mcp.json and ~/.gemini/settings.json are user files, not a project's.
+    in_project = source.parent.name in (".vscode", ".cursor", ".gemini")
+    if (
+        client in ("vscode", "cursor", "gemini")
+        and in_project
+        and source.parent.parent != Path.home()
+    ):
+        return source.parent.parent
+    return None
+
+
+def _servers_of(client: str, document: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    if client == "vscode":
+        servers = document.get("servers")
+        if servers is None and isinstance(document.get("mcp"), dict):
+            servers = document["mcp"].get("servers")  # the user settings.json form
+        if isinstance(document.get("inputs"), list) and document["inputs"]:
+            ids = [str(i.get("id")) for i in document["inputs"] if isinstance(i, dict)]
+            notes.append(
+                f"VS Code input prompts ({', '.join(ids)}) are not carried over: mcpool has no "
+                "way to ask; put the values in the imported entries by hand"
+            )
+    else:
+        servers = document.get("mcpServers")
+    if client == "claude-code" and isinstance(document.get("projects"), dict):
+        for project, config in document["projects"].items():
+            local = config.get("mcpServers") if isinstance(config, dict) else None
+            if local:
+                notes.append(
+                    f"project-scoped servers of {project} ({', '.join(sorted(local))}) are not "
+                    "imported: they belong to that project; add them to its .mcp.json, which "
+                    "`mcpool attach` reads when started there"
+                )
+    if servers is None:
+        return {}
+    if not isinstance(servers, dict):
+        raise ImportFailed("its MCP servers are not a JSON object")
+    return servers
+
+
+def convert(
+    client: str, document: Any, source: Path | None = None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(mcpool server entries by name, notes on what was not carried over as it was)."""
+    if client not in CLIENTS:
+        raise ValueError(client)
+    if not isinstance(document, dict):
+        raise ImportFailed("the file does not hold a JSON object")
+    notes: list[str] = []
+    servers = _servers_of(client, document, notes)
+    gemini_mcp = document.get("mcp") if client == "gemini" else None
+    allowed = excluded = None
+    if isinstance(gemini_mcp, dict):
+        allowed = gemini_mcp.get("allowed")
+        excluded = gemini_mcp.get("excluded")
+    project = _project_dir(client, source)
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in servers.items():
+        if not isinstance(raw, dict):
+            notes.append(f"{name}: skipped, its entry is not an object")
+            continue
+        if is_mcpool(raw):
+            notes.append(f"{name}: skipped, it is mcpool itself")
+            continue
+        entry, entry_notes = _convert_entry(client, name, raw, project)
+        notes.extend(f"{name}: {note}" for note in entry_notes)
+        if entry is None:
+            continue
+        if (isinstance(allowed, list) and name not in allowed) or (
+            isinstance(excluded, list) and name in excluded
+        ):
+            entry["disabled"] = True
+            notes.append(f"{name}: imported disabled, as gemini's mcp.allowed/excluded had it")
+        out[name] = entry
+    return out, notes
+
+
+def _convert_entry(
+    client: str, name: str, raw: dict[str, Any], project: Path | None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    notes: list[str] = []
+    entry: dict[str, Any] = {}
+    carried = set(_COMMON) | set(_MCPOOL) | {"type"}
+    carried |= set(_GEMINI) if client == "gemini" else {"trust", "includeTools", "excludeTools"}
+    for key in raw:
+        if key in carried:
+            entry[key] = raw[key]
+        elif key == "envFile":
+            notes.append(f"envFile {raw[key]!r} not carried over: copy its variables into env")
+        elif key in ("oauth", "authProviderType", "targetAudience", "targetServiceAccount"):
+            notes.append(f"{key} not carried over: mcpool has no OAuth support yet")
+        elif key == "dev":
+            notes.append("VS Code's dev (watch/debug) settings ignored")
+        elif key == "gallery" or key == "version":
+            continue  # VS Code's provenance metadata
+        else:
+            notes.append(f"field {key!r} not carried over (mcpool does not know it)")
+    kind = entry.pop("type", None)
+    if kind is not None:
+        kind = _TYPE_ALIASES.get(str(kind), str(kind))
+        if kind not in _TYPES:
+            return None, [*notes, f"skipped, transport type {kind!r} is not supported"]
+        entry = {"type": kind, **entry}
+    elif "url" in entry and client != "gemini":
+        # Only gemini reads a bare url as SSE (mcpool's rule); the others mean streamable HTTP
+        # or let the client probe, so say it explicitly.
+        entry = {"type": "http", **entry}
+        notes.append(
+            'url without "type": imported as streamable HTTP; set "type": "sse" if the '
+            "server only speaks SSE"
+        )
+    if entry.get("type") == "stdio" and client != "vscode":
+        entry.pop("type")  # a command already means stdio; keep the entry as the user wrote it
+    stdio = bool(entry.get("command"))
+    cwd = entry.get("cwd")
+    if project is not None and stdio and cwd is None:
+        entry["cwd"] = str(project)
+        notes.append(f"runs in {project} (the project its file belongs to)")
+    elif isinstance(cwd, str) and not os.path.isabs(os.path.expanduser(cwd)):
+        if project is not None:
+            entry["cwd"] = str(project / cwd)
+        else:
+            notes.append(
+                f"cwd {cwd!r} is relative: mcpool resolves it against the folder of the settings "
+                "file holding it (your home folder for the user config); make it absolute"
+            )
+    notes.extend(_variable_notes(client, entry, project))
+    if project is not None and client == "vscode":
+        entry = _substitute(entry, "${workspaceFolder}", str(project))
+    try:
+        from mcpool.daemon._settings import parse_server_entry
+        from mcpool.protocol import SettingsError
+
+        parse_server_entry(name, entry)
+    except SettingsError as exc:
+        return None, [*notes, f"skipped, not a valid server entry: {exc.reason}"]
+    return entry, notes
+
+
+def _strings(value: Any, where: str) -> list[tuple[str, str]]:
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, list):
+        return [s for i, v in enumerate(value) for s in _strings(v, f"{where}[{i}]")]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(v, f"{where}.{k}")]
+    return []
+
+
+def _variable_notes(client: str, entry: dict[str, Any], project: Path | None) -> list[str]:
+    notes = []
+    for where, text in _strings(entry, ""):
+        for m in _VAR.finditer(text):
+            var = m.group(0)
+            if var == "${workspaceFolder}" and client == "vscode" and project is not None:
+                continue
+            notes.append(
+                f"{where.lstrip('.')} uses {var}: mcpool does not expand variables, the text is "
+                "passed as written; replace it with the value"
+            )
+    return notes
+
+
+def _substitute(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [_substitute(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, old, new) for k, v in value.items()}
+    return value
+
+
+def merge(
+    existing: dict[str, Any], imported: dict[str, dict[str, Any]], overwrite: bool
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The merged document and, per imported server, what happened: added, unchanged, replaced
+    or kept (a differing server of that name already there and no --overwrite)."""
+    document = dict(existing)
+    servers = dict(document.get("mcpServers") or {})
+    outcome = []
+    for name, entry in imported.items():
+        if name not in servers:
+            servers[name] = entry
+            outcome.append((name, "added"))
+        elif servers[name] == entry:
+            outcome.append((name, "unchanged"))
+        elif overwrite:
+            servers[name] = entry
+            outcome.append((name, "replaced"))
+        else:
+            outcome.append((name, "kept"))
+    document["mcpServers"] = servers
+    return document, outcome
+
+
+_MARKS = {"added": "+", "unchanged": "=", "replaced": "~", "kept": "!"}
+_WHAT = {
+    "added": "added",
+    "unchanged": "already there, unchanged",
+    "replaced": "replaced the existing entry",
+    "kept": "kept your existing entry, which differs (--overwrite replaces it)",
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mcpool import",
+        description="Import a client's MCP servers into mcpool settings.",
+    )
+    parser.add_argument("--from", dest="client", choices=CLIENTS, required=True)
+    parser.add_argument("file", nargs="?", metavar="FILE", help="default: the client's own file")
+    parser.add_argument("--output", metavar="FILE", help="default: the mcpool user config")
+    parser.add_argument("--dry-run", action="store_true", help="print the result, write nothing")
+    parser.add_argument("--overwrite", action="store_true", help="replace same-named servers")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return _run(args)
+    except ImportFailed as exc:
+        sys.stderr.write(f"mcpool import: {exc}\n")
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mcpool.daemon._paths import config_path
+    from mcpool.daemon._setup import atomic_write_json
+
+    if args.file:
+        source = Path(args.file).expanduser().absolute()
+    else:
+        candidates = default_sources(args.client)
+        found = [p for p in candidates if p.exists()]
+        if not found:
+            tried = ", ".join(str(p) for p in candidates)
+            raise ImportFailed(f"no {args.client} configuration found (looked at {tried})")
+        source = found[0]
+    try:
+        document = loads_jsonc(source.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ImportFailed(f"cannot read {source}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ImportFailed(f"{source} is not JSON: {exc}") from None
+    try:
+        imported, notes = convert(args.client, document, source)
+    except ImportFailed as exc:
+        raise ImportFailed(f"{source}: {exc}") from None
+    target = Path(args.output).expanduser().absolute() if args.output else config_path(None)
+    existing: dict[str, Any] = {}
+    if target.exists() and target.read_text(encoding="utf-8").strip():
+        try:
+            loaded = json.loads(target.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ImportFailed(f"{target} is not JSON ({exc}); fix it first") from None
+        if not isinstance(loaded, dict):
+            raise ImportFailed(f"{target} does not hold a JSON object")
+        existing = loaded
+    document_out, outcome = merge(existing, imported, args.overwrite)
+    report = sys.stderr if args.dry_run else sys.stdout
+    if args.dry_run:
+        sys.stdout.write(json.dumps(document_out, indent=2) + "\n")
+    verb = "would import" if args.dry_run else "imported"
+    report.write(f"{verb} from {args.client} ({source}) into {target}:\n")
+    if not outcome:
+        report.write("  (no servers)\n")
+    for name, what in outcome:
+        report.write(f"  {_MARKS[what]} {name}: {_WHAT[what]}\n")
+    if notes:
+        report.write("not carried over as it was:\n")
+        for note in notes:
+            report.write(f"  - {note}\n")
+    if not imported:
+        raise ImportFailed(f"no MCP servers to import from {source}")
+    if not args.dry_run and any(what in ("added", "replaced") for _, what in outcome):
+        if target.exists():
+            backup = target.with_name(target.name + ".bak")
+            backup.write_bytes(target.read_bytes())
+            report.write(f"previous version kept as {backup}\n")
+        atomic_write_json(target, document_out)
+    return 0

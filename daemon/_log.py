@@ -1,0 +1,109 @@
+"""The daemon's own log: one JSON object per line, filtered by level, rotated by size.
+
+A record is `{"ts": unix time, "level": ..., "msg": ..., **fields}`. The file lives under the XDG
+state folder (`_paths.daemon_log_path`); when a write would take it past `max_bytes`, the file
+becomes `daemon.log.1` (older ones shift up to `backups`, the oldest is dropped) and a new file
+starts. Writing never raises: a full disk or a deleted folder must not take the daemon down, so
+a failed write closes the file and the next record tries to reopen it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+ALIASES = {"warn": "warning", "err": "error"}
+DEFAULT_LEVEL = "info"
+# 5 MiB x (1 + 3 backups) bounds the log at 20 MiB: weeks of a busy daemon at info level.
+DEFAULT_MAX_BYTES = 5 << 20
+DEFAULT_BACKUPS = 3
+
+
+def normalize_level(level: str) -> str:
+    """The canonical level name; ValueError names the accepted ones."""
+    name = ALIASES.get(level.strip().lower(), level.strip().lower())
+    if name not in LEVELS:
+        raise ValueError(f"unknown log level {level!r} (use {', '.join(LEVELS)})")
+    return name
+
+
+class JsonLinesLog:
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        level: str = DEFAULT_LEVEL,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        backups: int = DEFAULT_BACKUPS,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.level = normalize_level(level)
+        self._threshold = LEVELS[self.level]
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._file: TextIO | None = None
+        self._size = 0
+
+    def set_level(self, level: str) -> None:
+        self.level = normalize_level(level)
+        self._threshold = LEVELS[self.level]
+
+    def enabled(self, level: str) -> bool:
+        # Unknown levels from callers are logged rather than lost.
+        return LEVELS.get(ALIASES.get(level, level), LEVELS["error"]) >= self._threshold
+
+    def record(self, level: str, message: str, **fields: Any) -> str | None:
+        """Format and write one record; the line written, or None when filtered out."""
+        if not self.enabled(level):
+            return None
+        record = {"ts": round(time.time(), 3), "level": level, "msg": message, **fields}
+        line = json.dumps(record, default=str)
+        self.write_line(line)
+        return line
+
+    def write_line(self, line: str) -> None:
+        if self.path is None:
+            return
+        data = line + "\n"
+        try:
+            if self._file is None:
+                self._open()
+            assert self._file is not None
+            if self._size and self._size + len(data) > self.max_bytes:
+                self._rotate()
+            self._file.write(data)
+            self._file.flush()
+            self._size += len(data.encode())
+        except OSError:
+            self.close()
+
+    def _open(self) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open
+        self._size = os.fstat(self._file.fileno()).st_size
+
+    def _rotate(self) -> None:
+        assert self.path is not None
+        self.close()
+        if self.backups > 0:
+            for n in range(self.backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{n}")
+                if older.exists():
+                    older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+            self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink(missing_ok=True)
+        self._open()
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+            self._size = 0

@@ -1,0 +1,196 @@
+"""`mcpool setup-client` and `mcpool systemd-unit`: pointing clients and systemd at mcpool.
+
+`setup-client CLIENT` prints the snippet that makes CLIENT launch `mcpool attach` as one stdio MCP
+server. `--write` merges it into the client's own file: the file is read as JSON (a file with
+comments is refused rather than silently losing them), the previous version is kept next to it
+as `<file>.bak-<timestamp>`, and the new one replaces it atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop")
+SERVER_NAME = "mcpool"
+
+
+def mcpool_command() -> list[str]:
+    """How a client should launch mcpool: the installed script's absolute path when there is
+    one (clients do not share the shell's PATH), else this interpreter with `-m mcpool`."""
+    script = Path(sys.executable).with_name("mcpool")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("mcpool")
+    if found:
+        return [os.path.abspath(found)]
+    return [sys.executable, "-m", "mcpool"]
+
+
+def client_file(client: str) -> Path:
+    """The file `--write` edits by default for each client."""
+    home = Path.home()
+    if client == "claude-code":
+        return Path.cwd() / ".mcp.json"  # project scope: the file Claude Code shares with a team
+    if client == "vscode":
+        return Path.cwd() / ".vscode" / "mcp.json"
+    if client == "cursor":
+        return home / ".cursor" / "mcp.json"
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json"
+    config = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(config) if os.path.isabs(config) else home / ".config"
+    return base / "Claude" / "claude_desktop_config.json"
+
+
+def server_entry(client: str, command: list[str]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "attach"]}
+    if client == "vscode":
+        return {"type": "stdio", **entry}
+    return entry
+
+
+def servers_key(client: str) -> str:
+    return "servers" if client == "vscode" else "mcpServers"
+
+
+def snippet(client: str, command: list[str]) -> dict[str, Any]:
+    return {servers_key(client): {SERVER_NAME: server_entry(client, command)}}
+
+
+def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path | None, list[str]]:
+    """Merge the mcpool entry into `path`. Returns (backup path or None, other server names)."""
+    document: dict[str, Any] = {}
+    backup: Path | None = None
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        if text.strip():
+            try:
+                loaded = json.loads(text)
+            except ValueError as exc:
+                raise SetupError(
+                    f"{path} is not plain JSON ({exc}); comments or trailing commas would be "
+                    "lost, so add the snippet by hand"
+                ) from None
+            if not isinstance(loaded, dict):
+                raise SetupError(f"{path} does not hold a JSON object")
+            document = loaded
+        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.copy2(path, backup)
+    key = servers_key(client)
+    servers = document.get(key)
+    if servers is None:
+        servers = document[key] = {}
+    if not isinstance(servers, dict):
+        raise SetupError(f"{path}: {key!r} is not an object")
+    servers[SERVER_NAME] = server_entry(client, command)
+    atomic_write_json(path, document)
+    return backup, sorted(name for name in servers if name != SERVER_NAME)
+
+
+def atomic_write_json(path: Path, document: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=2)
+            f.write("\n")
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class SetupError(Exception):
+    """Printed as `mcpool <command>: <message>`; exit status 1."""
+
+
+def setup_client_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mcpool setup-client",
+        description="Print (or write) the settings that point an MCP client at `mcpool attach`.",
+    )
+    parser.add_argument("client", choices=CLIENTS)
+    parser.add_argument("--write", action="store_true", help="edit the client's file (backed up)")
+    parser.add_argument("--file", metavar="PATH", help="the client file to edit with --write")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    command = mcpool_command()
+    if not args.write:
+        sys.stdout.write(json.dumps(snippet(args.client, command), indent=2) + "\n")
+        # Hints on stderr: stdout stays the JSON alone, ready to paste or pipe.
+        if args.client == "claude-code":
+            shell = " ".join(command)
+            sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -- {shell} attach\n")
+        sys.stderr.write(f"`--write` adds it to {client_file(args.client)}\n")
+        return 0
+    path = Path(args.file).expanduser().absolute() if args.file else client_file(args.client)
+    try:
+        backup, others = write_client_file(path, args.client, command)
+    except (SetupError, OSError) as exc:
+        sys.stderr.write(f"mcpool setup-client: {exc}\n")
+        return 1
+    kept = f" (previous version kept as {backup})" if backup else ""
+    sys.stdout.write(f"{args.client} now launches mcpool: wrote {path}{kept}\n")
+    if others:
+        sys.stdout.write(
+            f"note: {path} still starts its own servers ({', '.join(others)}); import them with "
+            f"`mcpool import --from {args.client} {path}` and remove them here so they are "
+            "shared\n"
+        )
+    return 0
+
+
+UNIT = """\
+# mcpool: one daemon per user sharing MCP servers between editor sessions.
+# Install: mcpool systemd-unit > ~/.config/systemd/user/mcpool.service
+#          systemctl --user daemon-reload && systemctl --user enable --now mcpool
+[Unit]
+Description=mcpool MCP server pool
+
+[Service]
+Type=simple
+ExecStart={exec_start} daemon
+# SIGHUP re-reads the settings files.
+ExecReload=/bin/kill -HUP $MAINPID
+# The daemon closes its upstream servers itself (stdin, SIGTERM, SIGKILL per process group);
+# "mixed" lets it, and kills whatever is left only after TimeoutStopSec.
+KillMode=mixed
+TimeoutStopSec=30
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def systemd_unit_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mcpool systemd-unit",
+        description="Print a systemd user unit that runs `mcpool daemon`.",
+    )
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    exec_start = " ".join(_systemd_quote(part) for part in mcpool_command())
+    sys.stdout.write(UNIT.format(exec_start=exec_start))
+    return 0
+
+
+def _systemd_quote(word: str) -> str:
+    if word and all(c.isalnum() or c in "/._-+:@" for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'

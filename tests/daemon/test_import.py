@@ -1,0 +1,241 @@
+"""`mcpool import`: each client's format (samples/), the notes, merging, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpool.daemon._import import convert, loads_jsonc, merge
+
+SAMPLES = Path(__file__).with_name("samples")
+WAIT = 30.0
+
+
+def _convert(client: str, relative: str) -> tuple[dict[str, Any], list[str]]:
+    path = SAMPLES / relative
+    return convert(client, loads_jsonc(path.read_text()), path)
+
+
+def test_claude_code_project_file() -> None:
+    servers, notes = _convert("claude-code", "claude-code/.mcp.json")
+    project = str(SAMPLES / "claude-code")
+    assert servers == {
+        "time": {"command": "uvx", "args": ["mcp-server-time"], "cwd": project},
+        "github": {
+            "type": "http",
+            "url": "https://api.githubcopilot.com/mcp/",
+            "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+        },
+        "events": {"type": "sse", "url": "http://127.0.0.1:9000/sse"},
+        "files": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "./docs"],
+            "env": {"LOG_LEVEL": "debug"},
+            "cwd": project,
+        },
+    }
+    assert "mcpool: skipped, it is mcpool itself" in notes
+    assert any(n.startswith("github: headers.Authorization uses ${GITHUB_TOKEN}") for n in notes)
+
+
+def test_claude_code_user_file_skips_project_scoped_servers() -> None:
+    servers, notes = _convert("claude-code", "claude.json")
+    assert list(servers) == ["memory"]
+    assert "cwd" not in servers["memory"]  # a user-scope server: no project to run in
+    (note,) = notes
+    assert "/home/u/work/site (db) are not imported" in note
+
+
+def test_claude_desktop() -> None:
+    servers, notes = _convert("claude-desktop", "claude_desktop_config.json")
+    assert servers["weather"] == {
+        "command": "python3",
+        "args": ["/opt/weather/server.py"],
+        "env": {"API_KEY": "k-123"},
+    }
+    assert set(servers) == {"filesystem", "weather"}
+    assert notes == []
+
+
+def test_vscode_servers_with_type_inputs_and_comments() -> None:
+    servers, notes = _convert("vscode", "vscode/.vscode/mcp.json")
+    project = str(SAMPLES / "vscode")
+    assert set(servers) == {"perplexity", "fetch", "github", "dev-server"}
+    assert servers["fetch"] == {
+        "type": "stdio",
+        "command": "uvx",
+        "args": ["mcp-server-fetch", "--root", project],  # ${workspaceFolder} resolved
+        "cwd": project,
+    }
+    assert servers["github"] == {"type": "http", "url": "https://api.githubcopilot.com/mcp/"}
+    assert "envFile" not in servers["perplexity"]
+    text = "\n".join(notes)
+    assert "input prompts (perplexity-key)" in text
+    assert "perplexity: envFile" in text
+    assert "env.PERPLEXITY_API_KEY uses ${input:perplexity-key}" in text
+    assert "sock: skipped, transport type 'ws' is not supported" in text
+    assert "dev-server: VS Code's dev (watch/debug) settings ignored" in text
+
+
+def test_cursor_url_becomes_streamable_http() -> None:
+    servers, notes = _convert("cursor", "cursor/mcp.json")
+    assert servers["remote"] == {
+        "type": "http",
+        "url": "https://mcp.example.com/mcp",
+        "headers": {"X-Team": "blue"},
+    }
+    assert servers["linear"]["disabled"] is True
+    text = "\n".join(notes)
+    assert 'remote: url without "type": imported as streamable HTTP' in text
+    assert "web-search: env.KEY uses ${env:SEARCH_KEY}" in text
+
+
+def test_gemini_fields_are_mcpools_own() -> None:
+    servers, notes = _convert("gemini", "gemini-settings.json")
+    python_tools = servers["pythonTools"]
+    assert python_tools["includeTools"] == ["safe_tool", "run_shell_command(git status)"]
+    assert (python_tools["trust"], python_tools["timeout"]) == (False, 15000)
+    assert servers["httpServer"] == {
+        "httpUrl": "http://localhost:3000/mcp",
+        "timeout": 5000,
+        "excludeTools": ["dangerous_tool"],
+    }
+    assert servers["sseServer"] == {"url": "http://localhost:8081/sse", "trust": True}
+    assert servers["gcp"] == {"httpUrl": "https://my-gcp-service.run.app/mcp"}
+    assert servers["legacy"]["disabled"] is True
+    text = "\n".join(notes)
+    assert "gcp: oauth not carried over" in text
+    assert "gcp: authProviderType not carried over" in text
+    assert "pythonTools: cwd './mcp-servers/python' is relative" in text
+    assert "env.DATABASE_URL uses $DB_CONNECTION_STRING" in text
+    assert "legacy: imported disabled" in text
+
+
+def test_every_sample_converts_to_settings_the_daemon_accepts() -> None:
+    from mcpool.daemon._settings import parse_settings
+
+    for client, relative in [
+        ("claude-code", "claude-code/.mcp.json"),
+        ("claude-code", "claude.json"),
+        ("claude-desktop", "claude_desktop_config.json"),
+        ("vscode", "vscode/.vscode/mcp.json"),
+        ("cursor", "cursor/mcp.json"),
+        ("gemini", "gemini-settings.json"),
+    ]:
+        servers, _ = _convert(client, relative)
+        assert servers, (client, relative)
+        parse_settings(json.dumps({"mcpServers": servers}).encode(), relative)
+
+
+def test_merge_keeps_differing_entries_unless_overwriting() -> None:
+    existing = {
+        "mcpServers": {"a": {"command": "x"}, "b": {"command": "old"}},
+        "daemon": {"drainGrace": 5},
+    }
+    imported = {"a": {"command": "x"}, "b": {"command": "new"}, "c": {"command": "c"}}
+    merged, outcome = merge(existing, imported, overwrite=False)
+    assert outcome == [("a", "unchanged"), ("b", "kept"), ("c", "added")]
+    assert merged["mcpServers"]["b"] == {"command": "old"}
+    assert merged["daemon"] == {"drainGrace": 5}
+    merged, outcome = merge(existing, imported, overwrite=True)
+    assert ("b", "replaced") in outcome
+    assert merged["mcpServers"]["b"] == {"command": "new"}
+    assert existing["mcpServers"]["b"] == {"command": "old"}  # the input is not mutated
+
+
+def test_jsonc_keeps_comment_markers_inside_strings() -> None:
+    text = '{"url": "http://x//y", /* c */ "a": [1, 2,], // tail\n "b": "/*not*/",}'
+    assert loads_jsonc(text) == {"url": "http://x//y", "a": [1, 2], "b": "/*not*/"}
+
+
+# --- the command, as a user runs it ----------------------------------------------------------
+
+
+def mcpool(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
+    env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "mcpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+        env=env,
+        cwd=home,
+    )
+
+
+def test_import_writes_the_user_config_merging_and_backing_up(tmp_path: Path) -> None:
+    config = tmp_path / ".config" / "mcpool" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": "mine"}}, "daemon": {}}))
+    done = mcpool(
+        "import", "--from", "claude-code", str(SAMPLES / "claude-code" / ".mcp.json"), home=tmp_path
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert f"into {config}" in done.stdout
+    assert "! time: kept your existing entry" in done.stdout
+    assert "+ github: added" in done.stdout
+    assert "mcpool: skipped, it is mcpool itself" in done.stdout
+    written = json.loads(config.read_text())
+    assert written["mcpServers"]["time"] == {"command": "mine"}
+    assert set(written["mcpServers"]) == {"time", "github", "events", "files"}
+    assert "daemon" in written
+    assert json.loads((config.parent / "config.json.bak").read_text())["mcpServers"] == {
+        "time": {"command": "mine"}
+    }
+
+
+def test_import_dry_run_prints_json_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = mcpool(
+        "import", "--from", "gemini", str(SAMPLES / "gemini-settings.json"),
+        "--output", str(out), "--dry-run", home=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)["mcpServers"]) == {
+        "pythonTools", "httpServer", "sseServer", "gcp", "legacy"
+    }  # fmt: skip
+    assert "would import from gemini" in done.stderr
+    assert "gcp: oauth not carried over" in done.stderr
+    assert not out.exists()
+    assert not (tmp_path / ".config").exists()
+
+
+def test_import_finds_the_clients_own_file(tmp_path: Path) -> None:
+    cursor = tmp_path / ".cursor" / "mcp.json"
+    cursor.parent.mkdir()
+    cursor.write_text((SAMPLES / "cursor" / "mcp.json").read_text())
+    done = mcpool("import", "--from", "cursor", "--dry-run", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"({cursor})" in done.stderr
+
+
+def test_import_errors(tmp_path: Path) -> None:
+    missing = mcpool("import", "--from", "vscode", home=tmp_path)
+    assert missing.returncode == 1
+    assert "no vscode configuration found" in missing.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{nope")
+    done = mcpool("import", "--from", "cursor", str(broken), home=tmp_path)
+    assert done.returncode == 1
+    assert "is not JSON" in done.stderr
+    usage = mcpool("import", "--from", "emacs", home=tmp_path)
+    assert usage.returncode == 2
+    assert "usage:" in usage.stderr
+
+
+@pytest.mark.parametrize("client", ["claude-code", "vscode", "cursor", "claude-desktop"])
+def test_setup_client_output_imports_back_as_nothing(tmp_path: Path, client: str) -> None:
+    # What setup-client writes is mcpool itself: importing it must not loop mcpool into mcpool.
+    snippet = mcpool("setup-client", client, home=tmp_path)
+    assert snippet.returncode == 0
+    servers, notes = convert(client if client != "vscode" else "vscode", json.loads(snippet.stdout))
+    assert servers == {}
+    assert notes == ["mcpool: skipped, it is mcpool itself"]

@@ -1,0 +1,121 @@
+"""`mcpool setup-client`, `mcpool systemd-unit`, and the console script's lazy dispatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WAIT = 30.0
+
+
+def mcpool(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
+    env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "mcpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+        env=env,
+        cwd=cwd or home,
+    )
+
+
+@pytest.mark.parametrize(
+    ("client", "key", "extra"),
+    [
+        ("claude-code", "mcpServers", {}),
+        ("cursor", "mcpServers", {}),
+        ("claude-desktop", "mcpServers", {}),
+        ("vscode", "servers", {"type": "stdio"}),
+    ],
+)
+def test_snippet_points_at_mcpool_attach(
+    tmp_path: Path, client: str, key: str, extra: dict[str, str]
+) -> None:
+    done = mcpool("setup-client", client, home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)[key]["mcpool"]
+    assert entry == {**extra, "command": entry["command"], "args": entry["args"]}
+    assert os.path.isabs(entry["command"])
+    assert [*entry["args"]][-1] == "attach"
+    assert "--write` adds it to" in done.stderr
+    assert not list(tmp_path.iterdir())  # printing writes nothing
+
+
+def test_write_merges_into_the_clients_file_with_a_backup(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / ".vscode").mkdir(parents=True)
+    target = project / ".vscode" / "mcp.json"
+    before = {"servers": {"fetch": {"type": "stdio", "command": "uvx"}}, "inputs": []}
+    target.write_text(json.dumps(before))
+    done = mcpool("setup-client", "vscode", "--write", home=tmp_path, cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {target}" in done.stdout
+    assert "still starts its own servers (fetch)" in done.stdout
+    after = json.loads(target.read_text())
+    assert after["servers"]["fetch"] == before["servers"]["fetch"]
+    assert after["servers"]["mcpool"]["args"][-1] == "attach"
+    assert after["inputs"] == []
+    (backup,) = (project / ".vscode").glob("mcp.json.bak-*")
+    assert json.loads(backup.read_text()) == before
+
+
+def test_write_creates_a_missing_file(tmp_path: Path) -> None:
+    done = mcpool("setup-client", "cursor", "--write", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / ".cursor" / "mcp.json").read_text())
+    assert list(written["mcpServers"]) == ["mcpool"]
+    assert "previous version" not in done.stdout
+
+
+def test_write_refuses_a_file_with_comments(tmp_path: Path) -> None:
+    target = tmp_path / "mcp.json"
+    text = '{\n  // mine\n  "mcpServers": {}\n}\n'
+    target.write_text(text)
+    done = mcpool("setup-client", "cursor", "--write", "--file", str(target), home=tmp_path)
+    assert done.returncode == 1
+    assert "add the snippet by hand" in done.stderr
+    assert target.read_text() == text
+
+
+def test_systemd_unit(tmp_path: Path) -> None:
+    done = mcpool("systemd-unit", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    unit = done.stdout
+    exec_start = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert exec_start.endswith(" daemon")
+    assert "[Install]\nWantedBy=default.target" in unit
+    assert "KillMode=mixed" in unit
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert mcpool("setup-client", "emacs", home=tmp_path).returncode == 2
+    assert mcpool("demo", "--bogus", home=tmp_path).returncode == 2
+    assert mcpool("nonsense", home=tmp_path).returncode == 2
+    help_text = mcpool("--help", home=tmp_path).stdout
+    for command in ("demo", "import --from", "setup-client", "systemd-unit"):
+        assert command in help_text
+
+
+def test_attach_imports_none_of_the_other_subcommands() -> None:
+    # The bridge's start-up is every client's latency: dispatch must stay lazy.
+    code = (
+        "import sys\n"
+        "from mcpool.daemon import _cli\n"
+        "_cli.main(['attach', '--help'])\n"
+        "heavy = {'argparse', 'rich', 'trio', 'msgspec', 'mcpool.daemon._demo',\n"
+        "         'mcpool.daemon._import', 'mcpool.daemon._setup', 'mcpool.daemon._ctl'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"
