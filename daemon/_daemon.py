@@ -77,6 +77,7 @@ from ._settings import (
 
 LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
+RESTART_WAIT = 60.0  # `daemonctl restart` answers by then even if a server is still starting
 FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
 # After a refusal or an oversized message: time for the peer to read the error and close first.
 CLOSE_LINGER = 1.0
@@ -272,7 +273,9 @@ class Daemon:
         self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
         try:
             async with trio.open_nursery() as pool_nursery:
-                self.pool = Pool(pool_nursery, self._pool_options(), guardian=self.guardian)
+                self.pool = Pool(
+                    pool_nursery, self._pool_options(), guardian=self.guardian, log=self.log
+                )
                 async with trio.open_nursery() as conn_nursery:
                     conn_nursery.start_soon(self._accept_loop, listener)
                     conn_nursery.start_soon(self._watch_signals)
@@ -707,6 +710,8 @@ class Daemon:
     async def _admin_restart(self, params: dict[str, Any]) -> dict[str, Any]:
         assert self.pool is not None
         name = str(params.get("name"))
+        before = {id(e): e.upstream for e in self.pool.entries() if e.name == name}
+        waits = {id(e): e.state_changed for e in self.pool.entries() if e.name == name}
         entries = self.pool.restart(name)
         if not entries:
             raise McpoolError(
@@ -716,9 +721,16 @@ class Daemon:
             )
         results = []
         for entry in entries:
-            with trio.move_on_after(60):
-                while entry.upstream is None and not entry.closed.is_set():
-                    await trio.sleep(0.05)
+            old = before.get(id(entry))
+            # Answer once this entry's restart has an outcome: a new upstream, or a failure.
+            with trio.move_on_after(RESTART_WAIT):
+                await waits[id(entry)].wait()  # the restart itself is a transition
+                while not (
+                    (entry.upstream is not None and entry.upstream is not old)
+                    or entry.state.value in ("crash-loop", "closed", "failed")
+                    or (entry.state.value == "restarting" and entry.last_error)
+                ):
+                    await entry.state_changed.wait()
             results.append(
                 {
                     "id": entry.lifecycle_id,

@@ -211,6 +211,7 @@ class PoolEntry:
         self.deadline = math.inf
         self.deadline_moved = trio.Event()
         self.restart_requested = trio.Event()
+        self.state_changed = trio.Event()  # set (and replaced) on every transition
         self.closed = trio.Event()
         self.progress_routes: dict[str, tuple[Handle, Any]] = {}
         self._next_progress = 1
@@ -230,6 +231,8 @@ class PoolEntry:
 
     def fire(self, event: EntryEvent) -> None:
         self.state = transition(self.state, event, leases=self.leases)
+        self.state_changed.set()
+        self.state_changed = trio.Event()
 
     def move_deadline(self, deadline: float) -> None:
         self.deadline = deadline

@@ -220,6 +220,7 @@ class Pool:
     def restart_entry(self, entry: PoolEntry) -> None:
         if entry.state not in TERMINAL_STATES:
             entry.failures.clear()
+            entry.last_error = None
             entry.restart_requested.set()
             if entry.upstream is not None:
                 entry.upstream.request_close("restart requested")

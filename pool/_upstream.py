@@ -60,6 +60,14 @@ EXIT_STATUS_WAIT = 0.5  # after stdout EOF, how long in-flight errors wait for t
 UPSTREAM_WRITE_BUFFER = 64 * 1024 * 1024  # a stuck child's stdin may hold this much before we fail
 
 
+# What the daemon declares to upstreams: it relays sampling and elicitation to the session that
+# owns the request (P5) and answers roots itself (or relays them for session-scoped servers).
+UPSTREAM_CLIENT_CAPABILITIES: dict[str, Any] = {
+    "roots": {"listChanged": False},
+    "sampling": {},
+    "elicitation": {},
+}
+
 ReplyCallback = Callable[[Message], None]
 
 
@@ -292,7 +300,7 @@ class StdioUpstream:
             "initialize",
             {
                 "protocolVersion": LATEST_HANDSHAKE,
-                "capabilities": {"roots": {"listChanged": False}},
+                "capabilities": UPSTREAM_CLIENT_CAPABILITIES,
                 "clientInfo": {"name": "mcpool", "version": __version__},
             },
             timeout=self._handshake_timeout,

@@ -15,6 +15,10 @@ dynamic set installed by set_tools. Environment switches:
   FAKE_SPAWN_LOG=path   append "<pid>\\n" at start (count spawns)
   FAKE_STARTUP_DELAY=s  sleep before reading stdin
   FAKE_CHILD=1          spawn a long-lived grandchild, report "fake-upstream: child=N" on stderr
+  FAKE_INLINE=1         a fast upstream for throughput and latency benchmarks: one thread,
+                        tools/call answered inline (sleep and progress then block the reader),
+                        and the answers to everything one read(2) brought in go out in one
+                        write(2)
 """
 
 from __future__ import annotations
@@ -146,11 +150,17 @@ class FakeServer:
         # request id -> Event set when the client cancels it.
         self.in_flight: dict[Any, threading.Event] = {}
         self.stdout_broken = False
+        # FAKE_INLINE: answers collected here during one read's lines, written together.
+        self.out_batch: list[bytes] | None = None
+        self.inline = env.get("FAKE_INLINE") == "1"
 
     # --- output ---------------------------------------------------------------------------
 
     def send(self, message: Json) -> None:
         line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        if self.out_batch is not None:
+            self.out_batch.append(line)
+            return
         with self.write_lock:
             if self.stdout_broken:
                 return
@@ -189,6 +199,9 @@ class FakeServer:
             self.handle_notification(method, params)
             return
         request_id = message["id"]
+        if method == "tools/call" and self.inline:
+            self.run_call(request_id, params, threading.Event())
+            return
         if method == "tools/call":
             cancelled = threading.Event()
             with self.state_lock:
@@ -246,13 +259,19 @@ class FakeServer:
                 ]
             },
             "resources/read": self.read_resource,
-            "resources/subscribe": lambda _p: {},
-            "resources/unsubscribe": lambda _p: {},
+            "resources/subscribe": lambda p: self.noted("subscribe", p.get("uri")),
+            "resources/unsubscribe": lambda p: self.noted("unsubscribe", p.get("uri")),
             "completion/complete": lambda _p: {
                 "completion": {"values": ["alpha", "beta"], "hasMore": False}
             },
-            "logging/setLevel": lambda _p: {},
+            "logging/setLevel": lambda p: self.noted("setLevel", p.get("level")),
         }
+
+    @staticmethod
+    def noted(what: str, value: Any) -> Json:
+        """Answer {} and say so on stderr, so tests can count what reached the upstream."""
+        log(f"{what} {value}")
+        return {}
 
     # --- methods --------------------------------------------------------------------------
 
@@ -381,6 +400,27 @@ class FakeServer:
         return _text("done")
 
 
+def serve_inline(server: FakeServer) -> None:
+    """FAKE_INLINE's loop: os.read, answer every complete line, one os.write for all answers."""
+    tail = b""
+    while chunk := os.read(0, 1 << 16):
+        *lines, tail = (tail + chunk).split(b"\n")
+        server.out_batch = []
+        for line in lines:
+            if line.strip():
+                server.handle_line(line)
+        batch, server.out_batch = server.out_batch, None
+        if batch and not server.stdout_broken:
+            data = b"".join(batch)
+            try:
+                while data:
+                    data = data[os.write(1, data) :]
+            except OSError:
+                server.stdout_broken = True
+    if tail.strip():
+        server.handle_line(tail)
+
+
 def main() -> None:
     env = dict(os.environ)
     log(f"started pid={PID}")
@@ -404,10 +444,13 @@ def main() -> None:
         time.sleep(float(delay))
 
     server = FakeServer(env)
-    stdin = sys.stdin.buffer
-    while line := stdin.readline():
-        if line.strip():
-            server.handle_line(line)
+    if server.inline:
+        serve_inline(server)
+    else:
+        stdin = sys.stdin.buffer
+        while line := stdin.readline():
+            if line.strip():
+                server.handle_line(line)
     if env.get("FAKE_IGNORE_STDIN_EOF") == "1":
         log("stdin closed, ignoring")
         while True:
