@@ -112,11 +112,18 @@ class SettingsWatcher:
             batch = await self.batcher.next_batch()
             await self._on_change(batch)
 
+    def _existing_folders(self) -> list[str]:
+        # A folder that does not exist yet cannot be watched; attach of a new one re-runs this.
+        return sorted(f for f in self.folders if os.path.isdir(f))
+
+    def _watched(self, paths: set[str]) -> set[str]:
+        return {os.path.abspath(p) for p in paths} & self._files
+
     async def _watch_folders(self) -> None:
         from watchfiles import awatch
 
         while not self.closed:
-            folders = sorted(f for f in self.folders if os.path.isdir(f))
+            folders = self._existing_folders()
             self._changed = trio.Event()
             if not folders:
                 await self._changed.wait()
@@ -129,7 +136,7 @@ class SettingsWatcher:
                 stop_event=self._stop,
                 recursive=False,
             ):
-                hit = {os.path.abspath(path) for _, path in changes} & self._files
+                hit = self._watched({path for _, path in changes})
                 if hit:
                     self.batcher.add(hit)
             self._stop = None

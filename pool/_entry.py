@@ -88,9 +88,7 @@ def transition(state: EntryState, event: EntryEvent, *, leases: int) -> EntrySta
     return nxt
 
 
-def close_deadline(
-    *, now: float, idle_since: float, drain_grace: float, max_idle: float
-) -> float:
+def close_deadline(*, now: float, idle_since: float, drain_grace: float, max_idle: float) -> float:
     """When an entry that just became idle closes (L2).
 
     The drain grace counts from this idle moment; the max-idle cap counts from the first idle
@@ -143,11 +141,11 @@ class EntryListener(Protocol):
 
     def snapshot_changed(self, entry: PoolEntry) -> None: ...
 
-    def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None: ...
+    def upstream_notification(
+        self, entry: PoolEntry, method: str, params: Raw | UnsetType
+    ) -> None: ...
 
-    def server_request(
-        self, entry: PoolEntry, upstream: StdioUpstream, msg: Message
-    ) -> str | None:
+    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> str | None:
         """Relay a server-to-client request; None when relayed, else why not (an error)."""
         ...
 
@@ -193,7 +191,9 @@ class Handle:
 
 
 class PoolEntry:
-    def __init__(self, key: EntryKey, identity: TransportIdentity, settings: ServerSettings) -> None:
+    def __init__(
+        self, key: EntryKey, identity: TransportIdentity, settings: ServerSettings
+    ) -> None:
         self.key = key
         self.identity = identity
         self.settings = settings

@@ -10,6 +10,7 @@ from worker threads that come and go; nor does it reach grandchildren (`npx` -> 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -57,10 +58,8 @@ def _kill_all(groups: set[int]) -> None:
             except ProcessLookupError:
                 alive.discard(pgid)
     for pgid in alive:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class Guardian:
@@ -89,17 +88,13 @@ class Guardian:
 
     def _send(self, line: str) -> None:
         # Lines are tiny and the guardian reads continuously: a blocking write cannot stall.
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._fd, line.encode())
-        except OSError:
-            pass
 
     def close(self) -> None:
         """Normal shutdown: every group was already closed; let the guardian exit."""
-        try:
+        with contextlib.suppress(OSError):
             os.close(self._fd)
-        except OSError:
-            pass
         try:
             self._proc.wait(timeout=TERM_GRACE + 1.0)
         except subprocess.TimeoutExpired:

@@ -136,7 +136,5 @@ class SessionView:
     def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
         self.session.upstream_notification(self, method, params)
 
-    def server_request(
-        self, entry: PoolEntry, upstream: StdioUpstream, msg: Message
-    ) -> str | None:
+    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> str | None:
         return self.session.server_request(self, upstream, msg)

@@ -76,7 +76,9 @@ async def test_blocked_session_does_not_delay_another_session_and_is_disconnecte
                     pass
                 await trio.sleep(0.05)
         # Everyone else carries on.
-        reply = await live.request("tools/call", {"name": "fake__echo", "arguments": {"text": "ok"}})
+        reply = await live.request(
+            "tools/call", {"name": "fake__echo", "arguments": {"text": "ok"}}
+        )
         assert reply["result"]["content"][0]["text"] == "ok"
 
 
@@ -141,6 +143,8 @@ async def test_real_server_resource_list_change_reaches_only_sessions_of_that_en
         assert len(after["result"]["resources"]) == len(before["result"]["resources"]) + 1
         # server-everything's own tools/list_changed right after initialize changed nothing.
         await caller.request("ping")
-        assert not [m for m in caller.backlog if m.get("method") == "notifications/tools/list_changed"]
+        assert not [
+            m for m in caller.backlog if m.get("method") == "notifications/tools/list_changed"
+        ]
         await bystander.request("ping")
         assert not [m for m in bystander.backlog if "list_changed" in str(m.get("method"))]

@@ -61,9 +61,7 @@ class Callbacks:
 
 
 @asynccontextmanager
-async def client(
-    d: DaemonProcess, settings: Path, cb: Callbacks
-) -> AsyncIterator[ClientSession]:
+async def client(d: DaemonProcess, settings: Path, cb: Callbacks) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
         command=sys.executable,
         args=attach_args(d.sock, [settings], cb.name),
@@ -115,10 +113,12 @@ async def test_sampling_and_elicitation_reach_the_calling_session_only(daemon_fa
                 "everything__trigger-sampling-request", {"prompt": "hi", "maxTokens": 10}
             )
         assert "sampled by a" in text(result), result
-        assert len(a.sampled) == 1 and b.sampled == []
+        assert len(a.sampled) == 1
+        assert b.sampled == []
         with trio.fail_after(WAIT):
             result = await sa.call_tool("everything__trigger-elicitation-request", {})
-        assert len(a.elicited) == 1 and b.elicited == []
+        assert len(a.elicited) == 1
+        assert b.elicited == []
         servers = await d.ctl("servers")
         assert len(servers) == 1  # one shared upstream served both sessions
 
@@ -144,7 +144,8 @@ async def test_ambiguous_server_request_is_refused_with_invalid_params(daemon_fa
                 )
         assert result.is_error, result
         assert "-32602" in text(result) or "route" in text(result), text(result)
-        assert a.sampled == [] and b.sampled == []
+        assert a.sampled == []
+        assert b.sampled == []
         log = await d.ctl("logs")
         advice = [ln for ln in log["lines"] if "no single session owns" in ln]
         assert len(advice) == 1 and "scope" in advice[0], log["lines"]
