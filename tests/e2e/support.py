@@ -47,21 +47,15 @@ async def tool_names(session: ClientSession) -> list[str]:
         return [tool.name for tool in (await session.list_tools()).tools]
 
 
-async def wait_until(
-    condition: Callable[[], bool | Awaitable[bool]], *, timeout: float, what: str
-) -> None:
-    """Poll `condition` (sync or async) until it holds; fail with `what` after `timeout` s."""
-    try:
-        with trio.fail_after(timeout):
-            while True:
-                outcome = condition()
-                if not isinstance(outcome, bool):
-                    outcome = await outcome
-                if outcome:
-                    return
-                await trio.sleep(POLL_INTERVAL)
-    except trio.TooSlowError:
-        raise AssertionError(f"not within {timeout} s: {what}") from None
+async def wait_until(condition: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Poll `condition` (sync or async) until it holds; the caller bounds it with fail_after."""
+    while True:
+        outcome = condition()
+        if not isinstance(outcome, bool):
+            outcome = await outcome
+        if outcome:
+            return
+        await trio.sleep(POLL_INTERVAL)
 
 
 def process(pid: int) -> psutil.Process:
@@ -86,8 +80,8 @@ def descendants(pid: int) -> list[psutil.Process]:
 class Inbox:
     """A `message_handler` for the SDK ClientSession that keeps every server notification.
 
-    `wait_for` waits (bounded) until a notification matching the predicate has arrived; it
-    wakes on each arrival instead of polling.
+    `wait_for` waits (bounded) until a notification of a given type has arrived; it wakes on
+    each arrival instead of polling.
     """
 
     def __init__(self) -> None:
@@ -102,8 +96,9 @@ class Inbox:
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [item for item in self.items if isinstance(item, kind)]
 
-    async def wait_for(self, kind: type[Any], *, timeout: float = STEP_TIMEOUT) -> Any:
-        with trio.fail_after(timeout):
+    async def wait_for(self, kind: type[Any]) -> Any:
+        """The latest notification of this type, waiting (up to STEP_TIMEOUT) for the first."""
+        with trio.fail_after(STEP_TIMEOUT):
             while True:
                 arrived = self._arrived
                 found = self.of_type(kind)

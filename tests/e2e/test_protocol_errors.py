@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import trio
+
 from .harness import DaemonFactory, fake_server
 from .support import call_text, raw_attach, raw_call, raw_text
 
@@ -65,3 +67,23 @@ async def test_an_oversized_message_gets_an_error_and_a_clean_close_and_others_c
         assert big_id not in entry["refs"]
         assert again_id in entry["refs"]
         assert len(entry["refs"]) == 2
+
+
+async def test_a_message_far_over_the_limit_still_gets_its_error_and_a_clean_close(
+    daemon_factory: DaemonFactory,
+) -> None:
+    # Far more than the socket buffers hold: the daemon stops parsing after the limit, and the
+    # rest must not turn the close into a reset that loses the error or fails the sender.
+    daemon = await daemon_factory(daemon={"maxMessageBytes": MAX_MESSAGE_BYTES})
+    settings = daemon.settings_file("settings.json", {"fake": fake_server()})
+    async with daemon.raw() as client:
+        await raw_attach(client, [str(settings)], "huge")
+        huge = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"x":"' + b"y" * 2**20
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_raw, huge + b'"}}\n')
+            error = await client.receive()
+            assert error["error"]["code"] == MESSAGE_TOO_LARGE, error
+            assert await client.receive_line() is None
+    async with daemon.raw() as again:
+        await raw_attach(again, [str(settings)], "again")
+        assert raw_text(await raw_call(again, "fake__echo", {"text": "fine"})) == "fine"

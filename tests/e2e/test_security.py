@@ -48,12 +48,14 @@ OTHER_UID_CLIENT = textwrap.dedent(
 )
 
 
+def python_candidates() -> list[str]:
+    found = [os.path.realpath(sys.executable), shutil.which("python3"), "/usr/bin/python3"]
+    return [candidate for candidate in found if candidate]
+
+
 async def interpreter_for(uid: int) -> str:
     """A Python the other user can execute (a venv under /root is not traversable by nobody)."""
-    candidates = [os.path.realpath(sys.executable), shutil.which("python3"), "/usr/bin/python3"]
-    for candidate in candidates:
-        if not candidate:
-            continue
+    for candidate in python_candidates():
         try:
             with trio.fail_after(PEER_TIMEOUT):
                 probe = await trio.run_process(
