@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -381,8 +382,19 @@ def kill_leftovers(roots: Iterable[int], needles: Sequence[str]) -> list[int]:
     for proc in targets:
         with suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
-    psutil.wait_procs(targets, timeout=KILL_REAP_TIMEOUT)
+    # Orphans may stay zombies here (PID 1 of a sandbox need not reap): a zombie is gone for us,
+    # so poll for "not running or zombie" rather than psutil.wait_procs, which waits for reaping.
+    deadline = time.monotonic() + KILL_REAP_TIMEOUT
+    while time.monotonic() < deadline and any(_running(p) for p in targets):
+        time.sleep(0.01)
     return [proc.pid for proc in targets]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class DaemonFactory:
