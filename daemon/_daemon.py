@@ -77,6 +77,7 @@ from ._settings import (
 
 LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
+KILL_REAP_BOUND = 1.0  # after the shutdown bound's SIGKILL, time to reap before exiting
 RESTART_WAIT = 60.0  # `daemonctl restart` answers by then even if a server is still starting
 FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
 # After a refusal or an oversized message: time for the peer to read the error and close first.
@@ -114,6 +115,9 @@ class Daemon:
         self.guardian: Guardian | None = None
         self.watcher = SettingsWatcher(self.files_changed)
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
+        # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
+        # unless given; (host, port, allow_remote).
+        self.http_bind: tuple[str, int, bool] | None = None
 
     # -- logging -------------------------------------------------------------------------------
 
@@ -281,6 +285,8 @@ class Daemon:
                     conn_nursery.start_soon(self._watch_signals)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
+                    if self.http_bind is not None:
+                        conn_nursery.start_soon(self._serve_http)
                     await self.stop_requested.wait()
                     self.log("info", "shutting down")
                     self.watcher.close()
@@ -293,6 +299,9 @@ class Daemon:
                     if scope.cancelled_caught:
                         self.log("warning", "shutdown timed out; remaining upstreams are killed")
                         self.pool.kill_all()
+                        # SIGKILL cannot be ignored: this only lets the supervisors reap.
+                        with trio.move_on_after(KILL_REAP_BOUND, shield=True):
+                            await self.pool.aclose()
                 pool_nursery.cancel_scope.cancel()
         finally:
             try:
@@ -465,20 +474,14 @@ class Daemon:
                 return
         else:
             sources, cwd, name = [self.config_path], None, "socket"
-        session = Session(
-            new_session_id(),
+        state = self.open_session(
+            writer,
             name=name,
+            sources=sources,
+            peer=peer_pid,
             cwd=cwd if isinstance(cwd, str) else None,
-            pool=self.pool,
-            out=writer,
-            page_size=self.options.page_size,
-            log=lambda text: self.log("warning", text),
-            attached_at=time.time(),
         )
-        state = _SessionState(session, sources)
-        self.sessions[session.id] = state
-        self.watcher.watch(self.watched_files())
-        self.log("info", "session attached", session=session.id, name=name, peer=peer_pid)
+        session = state.session
         if first.method == "mcpool/attach":
             writer.write(
                 response(
@@ -506,10 +509,56 @@ class Daemon:
                         session.handle_line(line)
                 session.close("the client disconnected")
         finally:
-            session.close("the client disconnected")
-            self.sessions.pop(session.id, None)
-            self.watcher.watch(self.watched_files())
-            self.log("info", "session detached", session=session.id, reason=session.close_reason)
+            self.close_session(state, "the client disconnected")
+
+    def open_session(
+        self, out: Any, *, name: str, sources: list[str], peer: Any, cwd: str | None = None
+    ) -> _SessionState:
+        """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
+        assert self.pool is not None
+        session = Session(
+            new_session_id(),
+            name=name,
+            cwd=cwd,
+            pool=self.pool,
+            out=out,
+            page_size=self.options.page_size,
+            log=lambda text: self.log("warning", text),
+            attached_at=time.time(),
+        )
+        state = _SessionState(session, sources)
+        self.sessions[session.id] = state
+        self.watcher.watch(self.watched_files())
+        self.log("info", "session attached", session=session.id, name=name, peer=peer)
+        return state
+
+    def close_session(self, state: _SessionState, reason: str) -> None:
+        session = state.session
+        session.close(reason)
+        self.sessions.pop(session.id, None)
+        self.watcher.watch(self.watched_files())
+        self.log("info", "session detached", session=session.id, reason=session.close_reason)
+
+    async def _serve_http(self) -> None:
+        """`--http`: the streamable HTTP endpoint; a bind failure stops the daemon (it was asked
+        for explicitly, and a daemon silently without it would look like a client bug)."""
+        from ._http import HttpEndpoint
+
+        assert self.http_bind is not None
+        host, port, allow_remote = self.http_bind
+        endpoint = HttpEndpoint(
+            self,
+            (host, port),
+            allow_remote=allow_remote,
+            max_body=self.options.max_message_bytes,
+            session_buffer=self.options.session_buffer_bytes,
+        )
+        try:
+            await endpoint.serve()
+        except OSError as exc:
+            self.log("error", f"HTTP endpoint not started on {host}:{port}: {exc}")
+            sys.stderr.write(f"mcpool daemon: cannot serve HTTP on {host}:{port}: {exc}\n")
+            self.stop_requested.set()
 
     # -- admin ---------------------------------------------------------------------------------
 
@@ -972,7 +1021,28 @@ def main(argv: list[str]) -> int:
         default=None,
         help="debug, info, warning or error (default: the config's daemon.logLevel, else info)",
     )
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="also serve MCP over streamable HTTP at http://HOST:PORT/mcp (loopback only)",
+    )
+    parser.add_argument(
+        "--http-allow-remote",
+        action="store_true",
+        help="let --http bind a non-loopback address (whoever reaches it can use your servers)",
+    )
     args = parser.parse_args(argv)
+    http_bind: tuple[str, int, bool] | None = None
+    if args.http:
+        from ._http import bind_is_loopback, parse_bind
+
+        try:
+            host, port = parse_bind(args.http)
+        except ValueError as exc:
+            parser.error(f"--http: {exc}")
+        if not (bind_is_loopback(host) or args.http_allow_remote):
+            parser.error(f"--http {args.http}: not a loopback address (see --http-allow-remote)")
+        http_bind = (host, port, args.http_allow_remote)
     sock_path = str(_paths.socket_path(args.socket))
     config = str(_paths.config_path(args.config))
     sock_dir = os.path.dirname(sock_path)
@@ -983,6 +1053,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
         return 0
     daemon = Daemon(sock_path, config, args.log_level)
+    daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
     try:
         return trio.run(daemon.run)

@@ -82,6 +82,18 @@ def is_crash_loop(failure_times: list[float], *, now: float, window: float, limi
     return sum(1 for t in failure_times if now - t <= window) >= limit
 
 
+def default_upstream_factory(
+    identity: TransportIdentity, events: Any, **options: Any
+) -> StdioUpstream:
+    """The connection class for an identity's transport. The HTTP module (and its client
+    library) is imported only when an HTTP or SSE server is actually started."""
+    if identity.kind in ("http", "sse"):
+        from ._http import HttpUpstream
+
+        return HttpUpstream(identity, events, **options)
+    return StdioUpstream(identity, events, **options)
+
+
 class Pool:
     def __init__(
         self,
@@ -100,7 +112,7 @@ class Pool:
         self._entries: dict[EntryKey, PoolEntry] = {}
         self._unpooled = itertools.count(1)
         self._handle_ids = itertools.count(1)
-        self._upstream_factory = upstream_factory or StdioUpstream
+        self._upstream_factory = upstream_factory or default_upstream_factory
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
@@ -239,7 +251,8 @@ class Pool:
         self._closing = True
         for entry in self._entries.values():
             self._close_entry(entry, "the daemon is shutting down")
-        with trio.move_on_after(ENTRY_CLOSE_BOUND, shield=True):
+        # Not shielded: the caller bounds shutdown (and shields it) as a whole.
+        with trio.move_on_after(ENTRY_CLOSE_BOUND):
             for entry in list(self._entries.values()):
                 await entry.closed.wait()
 
@@ -489,8 +502,12 @@ class _EntryEvents:
         """P5: a request from the upstream goes to the session that owns it, or is refused."""
         entry = self.entry
         handles = list(entry.handles.values())
-        if entry.identity.scope == "session" and len(handles) == 1:
-            owner: Handle | None = handles[0]
+        # An HTTP upstream knows which request's stream the message came on (P5).
+        related = getattr(upstream, "related_handle", None)
+        if related is not None and any(h is related for h in handles):
+            owner: Handle | None = related
+        elif entry.identity.scope == "session" and len(handles) == 1:
+            owner = handles[0]
         else:
             busy = {h.session_id: h for h in handles if h.in_flight > 0}
             owner = next(iter(busy.values())) if len(busy) == 1 else None

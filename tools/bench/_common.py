@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import platform
@@ -20,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "tools" / "bench" / "results"
 FAKE = ROOT / "tools" / "fake_upstream.py"
 START_TIMEOUT = 20.0  # a cold daemon plus a cold npx server stay well under this
+LOOPBACK_JS = ROOT / "tools" / "bench" / "loopback.cjs"
+# A fast upstream for throughput and latency: one thread, calls answered inline (fake_upstream.py).
+FAST = {"FAKE_INLINE": "1"}
 
 INIT = {
     "jsonrpc": "2.0",
@@ -55,6 +60,178 @@ def servers() -> dict[str, dict[str, Any]]:
     }
 
 
+def fake(**env: str | int) -> dict[str, Any]:
+    """A settings entry for tools/fake_upstream.py with the given FAKE_* environment."""
+    return {
+        "command": sys.executable,
+        "args": [str(FAKE)],
+        "env": {k: str(v) for k, v in env.items()},
+    }
+
+
+def bench_peers() -> dict[str, str]:
+    """BENCH_* paths of the proxies compared against (tools/bench/peers.sh installs them)."""
+    subprocess.run(["bash", str(ROOT / "tools" / "bench" / "peers.sh")], check=True)
+    out = {}
+    for line in (ROOT / ".peers" / "bench" / "env.sh").read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export ") :].split("=", 1)
+            out[k] = v.strip().strip('"')
+    return out
+
+
+def call_line(request_id: int, tool: str, args: dict[str, Any] | None = None) -> bytes:
+    msg = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": args or {}},
+    }
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(port: int, path: str = "/", timeout: float = START_TIMEOUT) -> None:
+    """Until something on 127.0.0.1:port answers HTTP at all (any status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            c.getresponse().read()
+            c.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing answered on 127.0.0.1:{port}") from None
+            time.sleep(0.05)
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM then SIGKILL a process started with start_new_session=True, and its group."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            if sig == signal.SIGKILL:
+                return
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class StreamableHttpConn:
+    """A minimal streamable-HTTP MCP client on one keep-alive connection (no SDK)."""
+
+    def __init__(self, port: int, path: str = "/mcp") -> None:
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.path = path
+        self.sid: str | None = None
+
+    def post(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        if self.sid:
+            headers["mcp-session-id"] = self.sid
+            headers["mcp-protocol-version"] = INIT["params"]["protocolVersion"]
+        self.c.request("POST", self.path, json.dumps(obj).encode(), headers)
+        r = self.c.getresponse()
+        self.sid = r.getheader("mcp-session-id") or self.sid
+        body = r.read()
+        if r.status >= 400:
+            raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+        if "id" not in obj or not body:
+            return None
+        if "text/event-stream" in (r.getheader("content-type") or ""):
+            for line in body.split(b"\n"):
+                if line.startswith(b"data:"):
+                    msg = json.loads(line[5:])
+                    if msg.get("id") == obj["id"] and "method" not in msg:
+                        return msg
+            raise RuntimeError(f"no response in the event stream: {body[:200]!r}")
+        return json.loads(body)
+
+    def handshake_and_list(self) -> int:
+        self.post(INIT)
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        reply = self.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert reply is not None
+        return len(reply["result"]["tools"])
+
+    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        reply = self.post(obj)
+        assert reply is not None
+        return reply
+
+
+class SseConn:
+    """A minimal legacy-SSE MCP client: GET the event stream, POST to the endpoint it names."""
+
+    def __init__(self, port: int, path: str = "/sse") -> None:
+        self.stream_conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.stream_conn.request("GET", path, headers={"Accept": "text/event-stream"})
+        self.stream = self.stream_conn.getresponse()
+        if self.stream.status != 200:
+            raise RuntimeError(f"HTTP {self.stream.status} on GET {path}")
+        event, data = self._event()
+        assert event == "endpoint", (event, data)
+        self.endpoint = data
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def _event(self) -> tuple[str, str]:
+        event, data = "message", []
+        while True:
+            line = self.stream.readline()
+            if not line:
+                raise EOFError("event stream closed")
+            line = line.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    return event, "\n".join(data)
+                continue
+            if line.startswith(b"event:"):
+                event = line[6:].strip().decode()
+            elif line.startswith(b"data:"):
+                data.append(line[5:].strip().decode())
+
+    def post(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.c.request(
+            "POST", self.endpoint, json.dumps(obj).encode(), {"Content-Type": "application/json"}
+        )
+        r = self.c.getresponse()
+        r.read()
+        if r.status >= 400:
+            raise RuntimeError(f"HTTP {r.status} posting to {self.endpoint}")
+        if "id" not in obj:
+            return None
+        while True:
+            _, data = self._event()
+            msg = json.loads(data)
+            if msg.get("id") == obj["id"] and "method" not in msg:
+                return msg
+
+    def handshake_and_list(self) -> int:
+        self.post(INIT)
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        reply = self.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert reply is not None
+        return len(reply["result"]["tools"])
+
+    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        reply = self.post(obj)
+        assert reply is not None
+        return reply
+
+
 class LineConn:
     """A blocking newline-JSON connection over any pair of file objects."""
 
@@ -88,12 +265,22 @@ class LineConn:
         self.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         return len(self.recv()["result"]["tools"])
 
+    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.send(obj)
+        return self.recv()
+
 
 class Daemon:
     """A private daemon on a temporary socket, with the given servers in its config."""
 
-    def __init__(self, servers: dict[str, dict[str, Any]], daemon_opts: dict[str, Any] | None = None):
-        self.dir = tempfile.mkdtemp(prefix="mcpb")
+    def __init__(
+        self,
+        servers: dict[str, dict[str, Any]],
+        daemon_opts: dict[str, Any] | None = None,
+        python_args: list[str] | None = None,
+    ):
+        """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`)."""
+        self.dir = tempfile.mkdtemp(prefix="mcpool-bench-")
         self.sock = os.path.join(self.dir, "d.sock")
         self.config = os.path.join(self.dir, "config.json")
         Path(self.config).write_text(
@@ -104,7 +291,17 @@ class Daemon:
         env["MCPOOL_SOCKET"] = self.sock
         self.env = env
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mcpool", "daemon", "--socket", self.sock, "--config", self.config],
+            [
+                sys.executable,
+                *(python_args or []),
+                "-m",
+                "mcpool",
+                "daemon",
+                "--socket",
+                self.sock,
+                "--config",
+                self.config,
+            ],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.dir, "stderr"), "w"),  # noqa: SIM115
@@ -120,7 +317,9 @@ class Daemon:
                 time.sleep(0.02)
         raise RuntimeError("daemon did not start")
 
-    def connect(self, name: str = "bench") -> tuple[socket.socket, LineConn]:
+    def connect(
+        self, name: str = "bench", sources: list[str] | None = None
+    ) -> tuple[socket.socket, LineConn]:
         s = socket.socket(socket.AF_UNIX)
         s.connect(self.sock)
         conn = LineConn(s.makefile("rb"), s.makefile("wb"))
@@ -129,11 +328,45 @@ class Daemon:
                 "jsonrpc": "2.0",
                 "id": 0,
                 "method": "mcpool/attach",
-                "params": {"sources": [self.config], "cwd": self.dir, "name": name},
+                "params": {"sources": sources or [self.config], "cwd": self.dir, "name": name},
             }
         )
         conn.recv()
         return s, conn
+
+    def session(self, name: str = "bench", sources: list[str] | None = None) -> socket.socket:
+        """An attached, initialized session whose tools/list was read: a bare socket."""
+        s, conn = self.connect(name, sources)
+        conn.handshake_and_list()
+        return s
+
+    def admin(self, command: str, params: dict[str, Any] | None = None) -> Any:
+        """One `mcpool/admin/<command>` request, what daemonctl sends, without its start-up."""
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(self.sock)
+        try:
+            conn = LineConn(s.makefile("rb"), s.makefile("wb"))
+            conn.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": f"mcpool/admin/{command}",
+                    "params": params or {},
+                }
+            )
+            reply = conn.recv()
+        finally:
+            s.close()
+        if "error" in reply:
+            raise RuntimeError(f"admin {command}: {reply['error']}")
+        return reply["result"]
+
+    def rss(self) -> int:
+        """The daemon process's own RSS in bytes (upstreams excluded)."""
+        import psutil
+
+        rss: int = psutil.Process(self.proc.pid).memory_info().rss
+        return rss
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -146,7 +379,7 @@ class Daemon:
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def median(values: list[float]) -> float:
@@ -154,8 +387,15 @@ def median(values: list[float]) -> float:
 
 
 def machine() -> dict[str, Any]:
+    load = os.getloadavg()[0]
+    if load > 1.5:
+        print(
+            f"warning: load average {load:.1f}: other work is running, timings are noisy",
+            file=sys.stderr,
+        )
     return {
         "date": time.strftime("%Y-%m-%d"),
+        "loadavg_1min": round(load, 2),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
