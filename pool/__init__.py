@@ -13,6 +13,7 @@ from ._entry import (
     next_idle_since,
     transition,
 )
+from ._eras import Discovered, discovered, listen_filter, wrap_output_schemas, wrap_structured
 from ._fdio import FdWriter, WriterClosed, read_some
 from ._guardian import Guardian
 from ._pool import Pool, PoolOptions, RefreshRejected, backoff_delay, discover, is_crash_loop
@@ -27,6 +28,7 @@ from ._upstream import StdioUpstream, UpstreamEvents
 
 __all__ = [
     "TERMINAL_STATES",
+    "Discovered",
     "EntryEvent",
     "EntryKey",
     "EntryListener",
@@ -47,11 +49,15 @@ __all__ = [
     "backoff_delay",
     "close_deadline",
     "discover",
+    "discovered",
     "identity_of",
     "is_crash_loop",
+    "listen_filter",
     "next_idle_since",
     "read_some",
     "redact_url",
     "transition",
     "transport_kind",
+    "wrap_output_schemas",
+    "wrap_structured",
 ]

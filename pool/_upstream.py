@@ -3,15 +3,20 @@
 Theory of operation: `StdioUpstream.run` is the single owner task of the child (STYLE: one owner
 per resource). It spawns the process in its own process group (so wrapper grandchildren such as
 `npx`/`uvx` are reachable with one `killpg`), registers the group with the guardian (L4: the
-groups die with the daemon even when it is SIGKILLed), performs the handshake and reports ready
-through `task_status.started()`. From then on:
+groups die with the daemon even when it is SIGKILLed), detects the server's protocol era and
+performs its handshake (see `_eras`: a bounded `server/discover` probe, else `initialize`), and
+reports ready through `task_status.started()`. From then on:
 
 - requests go out synchronously (`send_request` writes straight to the pipe, see `_fdio`), each
   under an id minted here and never reused (P2); the reply callback runs in the reader task;
 - the reader dispatches responses to their callbacks, answers `ping` and `roots/list` locally,
   and hands everything else to the entry's event sink;
 - when the child exits or its stdout closes, every pending request fails at once with
-  `UpstreamClosed` naming the server, the exit status and the last stderr lines (L3).
+  `UpstreamClosed` naming the server, the exit status and the last stderr lines (L3);
+- a modern-era server gets the envelope on every request mcpool makes itself (`call`) and on
+  forwarded ones (`prepare`); the handshake-era requests it has no counterpart for are answered
+  here (`LOCAL_ON_MODERN`), and one `subscriptions/listen` stream, kept by `_keep_listening`,
+  brings its list_changed and resources/updated to the same event sink as unsolicited ones.
 
 Closing (L4) is bounded at every step: close stdin, wait, SIGTERM the group, wait, SIGKILL.
 """
@@ -19,6 +24,7 @@ Closing (L4) is bounded at every step: close stdin, wait, SIGTERM the group, wai
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -32,9 +38,10 @@ from mcpool import __version__
 from mcpool.protocol import (
     INTERNAL_ERROR,
     LATEST_HANDSHAKE,
+    MODERN_VERSION,
     LineFramer,
-    Message,
     McpoolError,
+    Message,
     UpstreamClosed,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -48,6 +55,7 @@ from mcpool.protocol import (
     MessageTooLarge as _MessageTooLarge,
 )
 
+from . import _eras
 from ._fdio import FdWriter, WriterClosed, read_some
 from ._spec import TransportIdentity
 
@@ -58,6 +66,13 @@ SIGTERM_GRACE = 2.0  # time to exit after SIGTERM before the group is SIGKILLed
 SIGKILL_WAIT = 2.0  # SIGKILL cannot be ignored; this only bounds a zombie reap
 EXIT_STATUS_WAIT = 0.5  # after stdout EOF, how long in-flight errors wait for the exit status
 UPSTREAM_WRITE_BUFFER = 64 * 1024 * 1024  # a stuck child's stdin may hold this much before we fail
+# The era probe: a server that answers `server/discover` at all answers it as fast as `ping`,
+# and a handshake-only one answers it with an error just as fast; the bound only covers a server
+# that ignores unknown requests before `initialize`. A slow starter is not misjudged by it: its
+# late answer to the probe locks it modern, and its -32022 to `initialize` sends us back to
+# discover (`_eras.locked_modern`). Never the SDK's fixed 10 s: that is 10 s on every spawn of
+# such a server.
+PROBE_TIMEOUT = 1.5
 
 
 # What the daemon declares to upstreams: it relays sampling and elicitation to the session that
@@ -133,7 +148,17 @@ class StdioUpstream:
         self.server_capabilities: dict[str, Any] = {}
         self.server_info: dict[str, Any] = {}
         self.instructions: str | None = None
-        self.era = "handshake"
+        self.era = _eras.HANDSHAKE
+        # Modern era only: the level sessions asked for (sent in every request's envelope), the
+        # tools whose non-object output is wrapped, and the listen stream's resource set.
+        self.log_level: str | None = None
+        self.wrapped_outputs: frozenset[str] = frozenset()
+        self.listen_uris: set[str] = set()
+        self._listen_id: str | None = None
+        self._listen_serial = 0
+        self._listen_wanted = trio.Event()
+        self.listen_filter: dict[str, Any] = {}  # what the current stream asked for (info)
+        self._listens: set[str] = set()  # ids of our listen streams still open
 
     # -- sending (synchronous: no task switch on the hot path) -------------------------------
 
@@ -141,16 +166,63 @@ class StdioUpstream:
     def alive(self) -> bool:
         return self._writer is not None and not self._writer.closed and not self._exited.is_set()
 
-    def send_request(self, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback) -> int:
-        """Send a request; `on_reply` gets the response (or a synthesized error) exactly once."""
+    def send_request(
+        self, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback
+    ) -> int:
+        """Send a request; `on_reply` gets the response (or a synthesized error) exactly once.
+
+        A modern-era server is sent `params` as given: the caller stamped them (`prepare`).
+        """
         if not self.alive:
-            raise UpstreamClosed(self.name, f"server '{self.name}' is not running", **self._details())
+            raise UpstreamClosed(
+                self.name, f"server '{self.name}' is not running", **self._details()
+            )
         uid = self._next_id
         self._next_id += 1
+        if self.era is _eras.MODERN and method in _eras.LOCAL_ON_MODERN:
+            self._answer_locally(uid, method, params, on_reply)
+            return uid
         self._pending[uid] = on_reply
         raw = Raw(params) if isinstance(params, bytes) else params
         self._write(request(uid, method, raw))
         return uid
+
+    def prepare(self, params: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
+        """Stamp a forwarded request for a modern-era server (the caller checked the era).
+
+        `capabilities` are what the requesting session can be asked for through mcpool: a
+        modern session's own, nothing for a handshake-era one (mcpool cannot turn an
+        `input_required` result into server-to-client requests).
+        """
+        meta = _eras.envelope(
+            _client_info(),
+            capabilities,
+            version=self.protocol_version or MODERN_VERSION,
+            log_level=self.log_level,
+        )
+        return _eras.stamp(params, meta)
+
+    def _answer_locally(
+        self, uid: int, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback
+    ) -> None:
+        """A handshake-era request with no modern counterpart: apply it here, answer {}."""
+        try:
+            p = _result_decoder.decode(params) if not isinstance(params, UnsetType) else {}
+        except msgspec.DecodeError:
+            p = {}
+        p = p if isinstance(p, dict) else {}
+        if method == "logging/setLevel":
+            level = p.get("level")
+            self.log_level = level if isinstance(level, str) else None
+        elif isinstance(p.get("uri"), str):
+            before = set(self.listen_uris)
+            if method == "resources/subscribe":
+                self.listen_uris.add(p["uri"])
+            else:
+                self.listen_uris.discard(p["uri"])
+            if self.listen_uris != before:
+                self._listen_wanted.set()
+        on_reply(Message(jsonrpc="2.0", id=uid, result=Raw(b"{}")))
 
     def send_notification(self, method: str, params: Any = UNSET) -> None:
         if self.alive:
@@ -162,9 +234,7 @@ class StdioUpstream:
 
     def cancel(self, uid: int, reason: str) -> None:
         if self.forget(uid):
-            self.send_notification(
-                "notifications/cancelled", {"requestId": uid, "reason": reason}
-            )
+            self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
 
     def respond(self, msg_id: Any, result: Any) -> None:
         if self.alive:
@@ -195,8 +265,14 @@ class StdioUpstream:
         except WriterClosed:
             self._close_requested.set()
 
-    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:
-        """Send a request of the daemon's own and wait for its decoded result."""
+    async def call(
+        self, method: str, params: Any = UNSET, *, timeout: float, cancellable: bool = True
+    ) -> Any:
+        """Send a request of the daemon's own and wait for its decoded result.
+
+        `cancellable=False` only forgets a request that timed out: the spec forbids cancelling
+        `initialize` and `server/discover`.
+        """
         done = trio.Event()
         box: list[Message] = []
 
@@ -204,12 +280,24 @@ class StdioUpstream:
             box.append(msg)
             done.set()
 
-        raw = params if isinstance(params, Raw | UnsetType) else msgspec.Raw(msgspec.json.encode(params))
+        if self.era is _eras.MODERN and method not in _eras.LOCAL_ON_MODERN:
+            if isinstance(params, dict):
+                params = self.prepare(dict(params), {})
+            elif isinstance(params, UnsetType):
+                params = self.prepare({}, {})
+        raw = (
+            params
+            if isinstance(params, Raw | UnsetType)
+            else msgspec.Raw(msgspec.json.encode(params))
+        )
         uid = self.send_request(method, raw, on_reply)
         with trio.move_on_after(timeout) as scope:
             await done.wait()
         if scope.cancelled_caught:
-            self.cancel(uid, "timed out")
+            if cancellable:
+                self.cancel(uid, "timed out")
+            else:
+                self.forget(uid)
             raise UpstreamTimeout(
                 self.name,
                 f"server '{self.name}' did not answer {method} within {timeout:g} s",
@@ -228,7 +316,16 @@ class StdioUpstream:
                 method=method,
                 error=err,
             )
-        return _result_decoder.decode(msg.result) if msg.result is not UNSET else None
+        result = _result_decoder.decode(msg.result) if msg.result is not UNSET else None
+        if self.era is _eras.MODERN and method == "tools/list" and isinstance(result, dict):
+            tools = result.get("tools")
+            if isinstance(tools, list):
+                result["tools"], wrapped = _eras.wrap_output_schemas(tools)
+                # Each page adds its names; a relist starts from the first page (no cursor).
+                self.wrapped_outputs = (
+                    wrapped if not (params or {}).get("cursor") else self.wrapped_outputs | wrapped
+                )
+        return result
 
     def request_close(self, reason: str) -> None:
         if self.closed_reason is None:
@@ -237,7 +334,9 @@ class StdioUpstream:
 
     # -- the owner task -----------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         ident = self.identity
         assert ident.command is not None
         env = dict(os.environ)
@@ -283,6 +382,8 @@ class StdioUpstream:
                 except BaseException:
                     self.request_close("handshake failed")
                     raise
+                if self.era is _eras.MODERN:
+                    nursery.start_soon(self._keep_listening)
                 task_status.started(self)
                 await self._close_requested.wait()
                 nursery.cancel_scope.cancel()
@@ -296,15 +397,25 @@ class StdioUpstream:
                 self._fail_pending()
 
     async def _handshake(self) -> None:
-        result = await self.call(
-            "initialize",
-            {
-                "protocolVersion": LATEST_HANDSHAKE,
-                "capabilities": UPSTREAM_CLIENT_CAPABILITIES,
-                "clientInfo": {"name": "mcpool", "version": __version__},
-            },
-            timeout=self._handshake_timeout,
-        )
+        """P1: probe `server/discover`, bounded; any error or no answer means `initialize`."""
+        if await self._probe():
+            return
+        try:
+            result = await self.call(
+                "initialize",
+                {
+                    "protocolVersion": LATEST_HANDSHAKE,
+                    "capabilities": UPSTREAM_CLIENT_CAPABILITIES,
+                    "clientInfo": _client_info(),
+                },
+                timeout=self._handshake_timeout,
+                cancellable=False,
+            )
+        except McpoolError as exc:
+            # Our probe timed out, but reached the server and locked it modern: ask again.
+            if _eras.locked_modern(exc.data.get("error")) and await self._probe():
+                return
+            raise
         if not isinstance(result, dict):
             raise UpstreamUnavailable(
                 self.name, f"server '{self.name}' sent an invalid initialize result"
@@ -317,6 +428,91 @@ class StdioUpstream:
         instr = result.get("instructions")
         self.instructions = instr if isinstance(instr, str) else None
         self.send_notification("notifications/initialized")
+
+    async def _probe(self) -> bool:
+        """Ask `server/discover`; True (and the era set) when the answer is modern evidence."""
+        try:
+            result = await self.call(
+                "server/discover",
+                _eras.discover_params(_client_info()),
+                timeout=min(PROBE_TIMEOUT, self._handshake_timeout),
+                cancellable=False,
+            )
+        except UpstreamClosed:
+            raise
+        except McpoolError:
+            return False
+        found = _eras.discovered(result)
+        if found is None:
+            return False
+        self.era = _eras.MODERN
+        self.protocol_version = found.version
+        self.server_capabilities = found.capabilities
+        self.server_info = found.server_info
+        self.instructions = found.instructions
+        return True
+
+    async def _keep_listening(self) -> None:
+        """Modern era: one `subscriptions/listen` stream for what the pool must hear about.
+
+        Reopened (new stream first, then the old one cancelled, so nothing falls between them)
+        whenever the resource set changes. A stream the server ends is not reopened until the
+        set changes again: a server that ends streams would otherwise be reopened in a loop.
+        """
+        while True:
+            wanted = _eras.listen_filter(self.server_capabilities, self.listen_uris)
+            if wanted != self.listen_filter or (wanted and self._listen_id is None):
+                self._open_listen(wanted)
+            await self._listen_wanted.wait()
+            self._listen_wanted = trio.Event()
+
+    def _open_listen(self, wanted: dict[str, Any]) -> None:
+        old = self._listen_id
+        self.listen_filter = wanted
+        self._listen_id = None
+        if wanted and self.alive:
+            self._listen_serial += 1
+            listen_id = f"mcpool-listen-{self._listen_serial}"
+            self._listen_id = listen_id
+            params = self.prepare({"notifications": wanted}, {})
+            self._listens.add(listen_id)
+            self._write(request(listen_id, "subscriptions/listen", params))
+        if old is not None:
+            # Late frames of the old stream still reach the event sink: a list_changed only
+            # costs a relist, and sessions filter resources/updated by their own subscriptions.
+            self._listens.discard(old)
+            if self.alive:
+                self.send_notification(
+                    "notifications/cancelled", {"requestId": old, "reason": "listen set changed"}
+                )
+
+    def _listen_frame(self, msg: Message) -> bool:
+        """Consume what belongs to our listen streams; False for everything else."""
+        if msg.method == "notifications/subscriptions/acknowledged":
+            return True  # nothing for the pool: it listens for every kind the server offers
+        if not self._listens:
+            return False
+        if msg.method is UNSET:
+            if isinstance(msg.id, str) and msg.id in self._listens:
+                # The stream's result: the server ended it (gracefully, or with an error).
+                self._listens.discard(msg.id)
+                if msg.id == self._listen_id:
+                    self._listen_id = None
+                    self.stderr_tail.append(f"[mcpool] the server ended listen stream {msg.id}")
+                return True
+            return False
+        if msg.method == "notifications/cancelled" and msg.params is not UNSET:
+            try:
+                rid = _result_decoder.decode(msg.params).get("requestId")
+            except (msgspec.DecodeError, AttributeError):
+                return False
+            if isinstance(rid, str) and rid in self._listens:
+                # On stdio the server ends a listen stream with a cancel naming it.
+                self._listens.discard(rid)
+                if rid == self._listen_id:
+                    self._listen_id = None
+                return True
+        return False
 
     async def _watch_exit(self, proc: trio.Process) -> None:
         self.exit_status = await proc.wait()
@@ -354,6 +550,8 @@ class StdioUpstream:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
             return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
+            if self.era is _eras.MODERN and self._listen_frame(msg):
+                continue
             if msg.method is UNSET:
                 if isinstance(msg.id, int):
                     cb = self._pending.pop(msg.id, None)
@@ -366,7 +564,11 @@ class StdioUpstream:
             elif msg.method == "roots/list" and self.identity.scope != "session":
                 self.respond(
                     msg.id,
-                    {"roots": [{"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots]},
+                    {
+                        "roots": [
+                            {"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots
+                        ]
+                    },
                 )
             else:
                 self._events.on_server_request(self, msg)
@@ -399,7 +601,8 @@ class StdioUpstream:
         pending, self._pending = self._pending, {}
         err = UpstreamClosed(
             self.name,
-            f"server '{self.name}' {self.closed_reason or 'closed'} while the request was in flight",
+            f"server '{self.name}' {self.closed_reason or 'closed'} "
+            "while the request was in flight",
             **self._details(),
         )
         obj = err.to_error_object()
@@ -411,10 +614,8 @@ class StdioUpstream:
         """L4: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait bounded."""
         assert self._writer is not None
         self._writer.close("closing")
-        try:
+        with contextlib.suppress(OSError):
             os.close(stdin_fd)
-        except OSError:
-            pass
         pgid = proc.pid
         if proc.returncode is None:
             with trio.move_on_after(STDIN_CLOSE_GRACE):
@@ -432,11 +633,13 @@ class StdioUpstream:
         self._exited.set()
 
 
+def _client_info() -> dict[str, Any]:
+    return {"name": "mcpool", "version": __version__}
+
+
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _as_file_uri(root: str) -> str:

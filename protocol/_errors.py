@@ -28,6 +28,7 @@ __all__ = [
     "RESOURCE_NOT_FOUND",
     "SESSION_CLOSING",
     "SETTINGS_INVALID",
+    "UNSUPPORTED_PROTOCOL_VERSION",
     "UPSTREAM_CLOSED",
     "UPSTREAM_TIMEOUT",
     "UPSTREAM_UNAVAILABLE",
@@ -54,8 +55,11 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
-# MCP, legacy era (resources/read of an unknown URI).
+# MCP, legacy era (resources/read of an unknown URI). The modern era answers INVALID_PARAMS.
 RESOURCE_NOT_FOUND = -32002
+# MCP, modern era: the per-request protocol version is not one the server speaks; data names
+# {"supported": [...], "requested": ...}. Auto-negotiating clients do not fall back on it.
+UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 # mcpool's own codes sit outside the reserved -32768..-32000 range so they can never be mistaken
 # for an upstream's JSON-RPC or MCP error (DESIGN P7).

@@ -12,12 +12,15 @@ no change, while a reordered `default` array is.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mcpool.protocol import canonical_bytes
 
+from ._view import Projection
+
 if TYPE_CHECKING:
-    from ._view import Projection, SessionView
+    from ._view import SessionView
 
 LIST_KINDS = ("tools", "prompts", "resources")
 
@@ -66,7 +69,8 @@ class RegistryGeneration:
         self.prompt_routes: dict[str, Route] = {}
         self.resource_routes: dict[str, SessionView] = {}
         self.template_routes: tuple[tuple[re.Pattern[str], str, SessionView], ...] = ()
-        self.canonical: dict[str, bytes] = {}
+        # Per list kind: sorted (key, canonical bytes) pairs; equal <=> canonically equal (S4).
+        self.canonical: dict[str, tuple[tuple[str, bytes], ...]] = {}
         # Encoded first pages, filled lazily by the session (a cache, not state).
         self.encoded: dict[str, bytes] = {}
 
@@ -80,6 +84,36 @@ class RegistryGeneration:
             if text:
                 parts.append(f"## {view.name}\n{text.strip()}")
         return "\n\n".join(parts) if parts else None
+
+
+# Canonical bytes of a projection's items, per kind and key, computed once however many sessions
+# serve the same projection (projections are shared and immutable; the cache dies with them).
+_projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, dict[str, bytes]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
+    found = _projection_canonical.get(proj)
+    if found is None:
+        found = {
+            "tools": {exposed: canonical_bytes(t) for exposed, _, t in proj.tools},
+            "prompts": {exposed: canonical_bytes(p) for exposed, _, p in proj.prompts},
+            "resources": {
+                **{
+                    r["uri"]: canonical_bytes(r)
+                    for r in proj.resources
+                    if isinstance(r.get("uri"), str)
+                },
+                **{
+                    "template:" + t["uriTemplate"]: canonical_bytes(t)
+                    for t in proj.resource_templates
+                    if isinstance(t.get("uriTemplate"), str)
+                },
+            },
+        }
+        _projection_canonical[proj] = found
+    return found
 
 
 def _check_name(server: str, name: str, kind: str) -> None:
@@ -115,11 +149,12 @@ def build_candidate(
     prompt_routes: dict[str, Route] = {}
     resource_routes: dict[str, SessionView] = {}
     template_routes: list[tuple[re.Pattern[str], str, SessionView]] = []
-    canon: dict[str, dict[str, Any]] = {k: {} for k in LIST_KINDS}
+    canon: dict[str, dict[str, bytes]] = {k: {} for k in LIST_KINDS}
     for view in views:
         proj: Projection = view.projection()
         if not proj.available:
             continue
+        pc = projection_canonical(proj)
         for exposed, upstream, tool in proj.tools:
             _check_name(view.name, upstream, "tool")
             if exposed in tool_routes:
@@ -129,7 +164,7 @@ def build_candidate(
                 )
             tool_routes[exposed] = Route(view, upstream)
             tools.append(tool)
-            canon["tools"][exposed] = tool
+            canon["tools"][exposed] = pc["tools"][exposed]
         for exposed, upstream, prompt in proj.prompts:
             _check_name(view.name, upstream, "prompt")
             if exposed in prompt_routes:
@@ -139,19 +174,19 @@ def build_candidate(
                 )
             prompt_routes[exposed] = Route(view, upstream)
             prompts.append(prompt)
-            canon["prompts"][exposed] = prompt
+            canon["prompts"][exposed] = pc["prompts"][exposed]
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
                 resource_routes[uri] = view
                 resources.append(res)
-                canon["resources"][uri] = res
+                canon["resources"][uri] = pc["resources"][uri]
         for tpl in proj.resource_templates:
             uri_t = tpl.get("uriTemplate")
             if isinstance(uri_t, str):
                 template_routes.append((template_pattern(uri_t), uri_t, view))
                 templates.append(tpl)
-                canon["resources"]["template:" + uri_t] = tpl
+                canon["resources"]["template:" + uri_t] = pc["resources"]["template:" + uri_t]
     gen.tools = tuple(tools)
     gen.prompts = tuple(prompts)
     gen.resources = tuple(resources)
@@ -160,11 +195,11 @@ def build_candidate(
     gen.prompt_routes = prompt_routes
     gen.resource_routes = resource_routes
     gen.template_routes = tuple(template_routes)
-    gen.canonical = {k: canonical_bytes(v) for k, v in canon.items()}
+    gen.canonical = {k: tuple(sorted(v.items())) for k, v in canon.items()}
     return gen
 
 
 def empty_generation() -> RegistryGeneration:
     gen = RegistryGeneration()
-    gen.canonical = {k: canonical_bytes({}) for k in LIST_KINDS}
+    gen.canonical = {k: () for k in LIST_KINDS}
     return gen

@@ -13,6 +13,14 @@ notification). Registry changes after that are published by one reference swap, 
 canonically per list kind, and announced by the notifier task: only changed kinds, never for
 the first generation, only after `notifications/initialized`, coalesced while the socket has
 unsent data (S5).
+
+Both protocol eras are served on the same socket (DESIGN P1, `_eras`): a session's first
+request decides its era. A 2026-07-28 session has no handshake; every request carries its
+envelope, every result its `resultType`, and its list_changed and resources/updated travel on
+the `subscriptions/listen` streams it opened (stamped with the stream's id) instead of
+unsolicited. Results crossing eras (a modern session on a handshake-era upstream, or the other
+way) are translated on their way back by a `ResultPlan`; a handshake-era session on a
+handshake-era upstream builds none, so its tools/call answer is still passed through as bytes.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ import trio
 from msgspec import UNSET, Raw, UnsetType
 
 from mcpool import __version__
-from mcpool.pool import Handle, Pool, PoolEntry, StdioUpstream
+from mcpool.pool import Handle, Pool, StdioUpstream
 from mcpool.protocol import (
+    INVALID_PARAMS,
     INVALID_REQUEST,
+    META_SUBSCRIPTION_ID,
     RESOURCE_NOT_FOUND,
     SESSION_CLOSING,
     InvalidParams,
@@ -46,6 +56,23 @@ from mcpool.protocol import (
     response,
 )
 
+from ._eras import (
+    HANDSHAKE,
+    LIST_FLAGS,
+    MODERN,
+    Batch,
+    ResultPlan,
+    check_envelope,
+    discover_result,
+    honored_filter,
+    initialize_refused,
+    modern_result,
+    opens_modern,
+    plan_for,
+    strip_envelope,
+    translate_error,
+    translate_result,
+)
 from ._reconcile import ActionKind, Desired, Held, reconcile
 from ._registry import (
     LIST_KINDS,
@@ -68,6 +95,8 @@ SERVER_CAPABILITIES: dict[str, Any] = {
 }
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -99,7 +128,7 @@ class Writer(Protocol):
 class _InFlight:
     """One forwarded request: the reply callback, and what cancelling it needs."""
 
-    __slots__ = ("client_id", "entry", "handle", "progress", "session", "uid", "upstream")
+    __slots__ = ("client_id", "entry", "handle", "plan", "progress", "session", "uid", "upstream")
 
     def __init__(
         self, session: Session, client_id: Any, handle: Handle, upstream: StdioUpstream
@@ -111,6 +140,7 @@ class _InFlight:
         self.upstream = upstream
         self.uid = 0
         self.progress: str | None = None
+        self.plan: ResultPlan | None = None  # None: the answer's bytes go back untouched
         handle.in_flight += 1
 
     def finish(self) -> None:
@@ -130,11 +160,26 @@ class _InFlight:
         self.finish()
         if s.closed:
             return
+        plan = self.plan
         if msg.error is not UNSET:
-            s.send(_encoder.encode(_RawError("2.0", self.client_id, msg.error)) + b"\n")
+            error = msg.error
+            if plan is not None:
+                error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
+            line = _encoder.encode(_RawError("2.0", self.client_id, error)) + b"\n"
+            s.reply(self.client_id, line)
+            return
+        result = msg.result if msg.result is not UNSET else Raw(b"{}")
+        if plan is not None:
+            try:
+                result = Raw(translate_result(bytes(result), plan))
+            except McpoolError as exc:
+                s.send_error(self.client_id, exc)
+                return
+        line = _encoder.encode(_RawResult("2.0", self.client_id, result)) + b"\n"
+        if s._batches:
+            s.reply(self.client_id, line)
         else:
-            result = msg.result if msg.result is not UNSET else Raw(b"{}")
-            s.send(_encoder.encode(_RawResult("2.0", self.client_id, result)) + b"\n")
+            s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
 
 
 def request_id(msg: Message) -> JsonRpcId:
@@ -152,6 +197,16 @@ class _Relayed:
         self.upstream = upstream
         self.upstream_id = upstream_id
         self.progress_token = progress_token
+
+
+class _Listen:
+    """One `subscriptions/listen` stream a modern client opened: what it wants to hear about."""
+
+    __slots__ = ("kinds", "uris")
+
+    def __init__(self, kinds: frozenset[str], uris: frozenset[str]) -> None:
+        self.kinds = kinds
+        self.uris = uris
 
 
 class _RawRequest(msgspec.Struct):
@@ -241,6 +296,10 @@ class Session:
         self.notifications_sent = 0
         self.relayed: dict[str, _Relayed] = {}
         self._relay_ids = itertools.count(1)
+        # None until the first request decides it (P1): HANDSHAKE or MODERN.
+        self.era: str | None = None
+        self.listens: dict[Any, _Listen] = {}  # modern: open listen streams by request id
+        self._batches: dict[Any, Batch] = {}  # request id -> the batch still collecting it
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -270,7 +329,8 @@ class Session:
                 old = self.views.get(action.name)
                 d = action.desired
                 if action.kind is ActionKind.RELEASE:
-                    assert old is not None and old.handle is not None
+                    assert old is not None
+                    assert old.handle is not None
                     self.pool.release(old.handle)
                     replay = True
                     continue
@@ -279,7 +339,8 @@ class Session:
                     assert old is not None
                     new_views[d.name] = old
                 elif action.kind is ActionKind.REFRESH:
-                    assert old is not None and old.handle is not None
+                    assert old is not None
+                    assert old.handle is not None
                     self.pool.refresh(old.handle, d.settings)
                     replay |= old.update(d.key, prefix=d.settings.prefix, source=d.source)
                     new_views[d.name] = old
@@ -365,9 +426,19 @@ class Session:
                 await self.out.wait_drained()
             kinds, self.pending_kinds = self.pending_kinds, set()
             for kind in LIST_KINDS:
-                if kind in kinds:
+                if kind not in kinds:
+                    continue
+                method = f"notifications/{kind}/list_changed"
+                if self.era is not MODERN:
                     self.notifications_sent += 1
-                    self.send(notification(f"notifications/{kind}/list_changed"))
+                    self.send(notification(method))
+                    continue
+                # 2026-07-28: only on the listen streams that asked, stamped with their id.
+                for listen_id, listen in list(self.listens.items()):
+                    if kind in listen.kinds:
+                        self.notifications_sent += 1
+                        stamp = {"_meta": {META_SUBSCRIPTION_ID: listen_id}}
+                        self.send(notification(method, stamp))
 
     # -- output --------------------------------------------------------------------------------
 
@@ -379,9 +450,27 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - the writer failing means this session is over
             self.close(str(exc))
 
+    def reply(self, msg_id: Any, data: bytes) -> None:
+        """Send the answer to a client request (a member of a batch waits for the rest)."""
+        if self._batches:
+            batch = self._batches.pop(msg_id, None)
+            if batch is not None:
+                whole = batch.add(msg_id, data)
+                if whole is None:
+                    return
+                data = whole
+        self.send(data)
+
     def send_error(self, msg_id: Any, exc: McpoolError) -> None:
         obj = exc.to_error_object()
-        self.send(error_response(msg_id, obj.code, obj.message, obj.data))
+        self.reply(msg_id, error_response(msg_id, obj.code, obj.message, obj.data))
+
+    def send_result(self, msg: Message, result: dict[str, Any]) -> None:
+        """Answer a request mcpool serves itself, shaped for the session's era."""
+        method = msg.method if isinstance(msg.method, str) else ""
+        if self.era is MODERN:
+            result = modern_result(method, result, SERVER_INFO)
+        self.reply(request_id(msg), response(request_id(msg), result))
 
     def close(self, reason: str) -> None:
         if self.closed:
@@ -400,6 +489,8 @@ class Session:
                 {"reason": reason},
             )
         self.relayed.clear()
+        self.listens.clear()
+        self._batches.clear()
         self.release_all()
         self._notify_wake.set()
         if self.on_close is not None:
@@ -414,6 +505,12 @@ class Session:
             self.send_error(None, exc)
             return
         if isinstance(decoded, list):
+            # A 2025-03-26 batch: its answers go back together, as one array.
+            ids = [m.id for m in decoded if m.method is not UNSET and m.id is not UNSET]
+            if ids:
+                batch = Batch(ids)
+                for msg_id in ids:
+                    self._batches[msg_id] = batch
             for msg in decoded:
                 self.handle_message(msg)
         else:
@@ -421,13 +518,15 @@ class Session:
 
     def handle_message(self, msg: Message) -> None:
         if msg.jsonrpc != "2.0":
-            self.send(
+            msg_id = msg.id if msg.id is not UNSET else None
+            self.reply(
+                msg_id,
                 error_response(
-                    msg.id if msg.id is not UNSET else None,
+                    msg_id,
                     INVALID_REQUEST,
-                    "jsonrpc must be \"2.0\"",
+                    'jsonrpc must be "2.0"',
                     {"reason": "not a JSON-RPC 2.0 message"},
-                )
+                ),
             )
             return
         if not self.ready and msg.method != "ping":
@@ -447,9 +546,36 @@ class Session:
         try:
             if handler is None:
                 raise MethodNotFound(method, f"mcpool does not serve {method}")
-            handler(self, msg)
+            p = decode_params(msg.params)
+            if self.era is not HANDSHAKE:
+                self._check_era(method, p)
+            handler(self, msg, p)
         except McpoolError as exc:
             self.send_error(msg.id, exc)
+
+    def _check_era(self, method: str, p: dict[str, Any]) -> None:
+        """P1: decide the era on the first request; check every modern request's envelope."""
+        if self.era is None:
+            if not opens_modern(method, p):
+                return  # initialize decides on handshake; anything else is served as it is
+            env = check_envelope(p)  # a malformed one is refused and decides nothing
+            self.era = MODERN
+            # No handshake to wait for: list_changed may flow as soon as a stream listens.
+            self.initialize_answered = self.initialized = True
+        elif method == "initialize":
+            raise initialize_refused(p)
+        else:
+            env = check_envelope(p)
+        self.protocol_version = env.version
+        self.client_capabilities = env.capabilities
+        if env.client_info is not None:
+            self.client_info = env.client_info
+        if env.log_level != self.log_level:
+            # Logging is opted into per request in this era; no level means no log messages.
+            self.log_level = env.log_level
+            if env.log_level is not None:
+                self._apply_log_level(env.log_level)
+        strip_envelope(p)
 
     def _notification(self, method: str, params: Raw | UnsetType) -> None:
         if method == "notifications/initialized":
@@ -461,9 +587,15 @@ class Session:
                 p = decode_params(params)
             except McpoolError:
                 return
-            flight = self.inflight.get(p.get("requestId"))
+            rid = p.get("requestId")
+            if self.listens and isinstance(rid, int | str) and rid in self.listens:
+                self._close_listen(rid)
+                return
+            flight = self.inflight.get(rid)
             if flight is not None:
-                flight.upstream.cancel(flight.uid, str(p.get("reason") or "cancelled by the client"))
+                flight.upstream.cancel(
+                    flight.uid, str(p.get("reason") or "cancelled by the client")
+                )
                 flight.finish()
         elif method == "notifications/progress":
             # Progress the client reports on a request an upstream sent it (P5).
@@ -479,9 +611,11 @@ class Session:
 
     # -- request handlers ----------------------------------------------------------------------
 
-    def _initialize(self, msg: Message) -> None:
-        p = decode_params(msg.params)
-        version = negotiate(p.get("protocolVersion") if isinstance(p.get("protocolVersion"), str) else None)
+    def _initialize(self, msg: Message, p: dict[str, Any]) -> None:
+        self.era = HANDSHAKE
+        version = negotiate(
+            p.get("protocolVersion") if isinstance(p.get("protocolVersion"), str) else None
+        )
         self.protocol_version = version
         caps = p.get("capabilities")
         self.client_capabilities = caps if isinstance(caps, dict) else {}
@@ -495,47 +629,94 @@ class Session:
         instructions = self.registry.instructions()
         if instructions:
             result["instructions"] = instructions
-        self.send(response(request_id(msg), result))
+        self.reply(request_id(msg), response(request_id(msg), result))
         self.initialize_answered = True
 
-    def _ping(self, msg: Message) -> None:
-        self.send(response(request_id(msg), {}))
+    def _discover(self, msg: Message, p: dict[str, Any]) -> None:
+        """2026-07-28: the session's aggregated capabilities and instructions."""
+        if self.era is not MODERN:
+            raise MethodNotFound(
+                "server/discover",
+                "server/discover belongs to protocol 2026-07-28; this session used initialize",
+            )
+        result = discover_result(SERVER_CAPABILITIES, self.registry.instructions(), SERVER_INFO)
+        self.reply(request_id(msg), response(request_id(msg), result))
 
-    def _list(self, msg: Message, kind: str, field: str) -> None:
+    def _listen(self, msg: Message, p: dict[str, Any]) -> None:
+        """2026-07-28: a stream carrying this session's list_changed and resources/updated.
+
+        Acknowledged at once; answered only when it ends (the session closes). The client ends
+        it with notifications/cancelled naming it. Resource URIs count as subscriptions (P6).
+        """
+        if self.era is not MODERN:
+            raise MethodNotFound(
+                "subscriptions/listen",
+                "subscriptions/listen belongs to protocol 2026-07-28; this session used "
+                "initialize (use resources/subscribe and the notifications it sends)",
+            )
+        honored = honored_filter(p.get("notifications"))
+        listen_id = request_id(msg)
+        kinds = frozenset(kind for kind, flag in LIST_FLAGS.items() if honored.get(flag))
+        uris = frozenset(honored.get("resourceSubscriptions", ()))
+        for uri in uris:
+            self._hold_uri(uri)
+        self.listens[listen_id] = _Listen(kinds, uris)
+        self.send(
+            notification(
+                "notifications/subscriptions/acknowledged",
+                {"notifications": honored, "_meta": {META_SUBSCRIPTION_ID: listen_id}},
+            )
+        )
+
+    def _close_listen(self, listen_id: Any) -> None:
+        listen = self.listens.pop(listen_id, None)
+        if listen is None:
+            return
+        held = {uri for other in self.listens.values() for uri in other.uris} | self.subscriptions
+        for uri in listen.uris - held:
+            self._let_go_uri(uri)
+
+    def _ping(self, msg: Message, p: dict[str, Any]) -> None:
+        self.send_result(msg, {})
+
+    def _list(self, msg: Message, p: dict[str, Any], kind: str, field: str) -> None:
         gen = self.registry
-        p = decode_params(msg.params)
         items: tuple[dict[str, Any], ...] = getattr(gen, kind)
         cursor = p.get("cursor")
         offset = _offset(cursor) if cursor is not None else 0
+        modern = self.era is MODERN
+        # The first page is encoded once per generation and era (a modern one carries more).
+        key = f"{kind}@{MODERN}" if modern else kind
         if offset == 0:
-            cached = gen.encoded.get(kind)
+            cached = gen.encoded.get(key)
             if cached is not None:
-                self.send(_encoder.encode(_RawResult("2.0", msg.id, Raw(cached))) + b"\n")
+                self.reply(msg.id, _encoder.encode(_RawResult("2.0", msg.id, Raw(cached))) + b"\n")
                 return
         page = items[offset : offset + self.page_size]
         result: dict[str, Any] = {field: page}
         if offset + self.page_size < len(items):
             result["nextCursor"] = _cursor(gen.number, offset + self.page_size)
+        if modern:
+            result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
         encoded = _encoder.encode(result)
         if offset == 0:
-            gen.encoded[kind] = encoded
-        self.send(_encoder.encode(_RawResult("2.0", msg.id, Raw(encoded))) + b"\n")
+            gen.encoded[key] = encoded
+        self.reply(msg.id, _encoder.encode(_RawResult("2.0", msg.id, Raw(encoded))) + b"\n")
 
-    def _tools_list(self, msg: Message) -> None:
-        self._list(msg, "tools", "tools")
+    def _tools_list(self, msg: Message, p: dict[str, Any]) -> None:
+        self._list(msg, p, "tools", "tools")
 
-    def _prompts_list(self, msg: Message) -> None:
-        self._list(msg, "prompts", "prompts")
+    def _prompts_list(self, msg: Message, p: dict[str, Any]) -> None:
+        self._list(msg, p, "prompts", "prompts")
 
-    def _resources_list(self, msg: Message) -> None:
-        self._list(msg, "resources", "resources")
+    def _resources_list(self, msg: Message, p: dict[str, Any]) -> None:
+        self._list(msg, p, "resources", "resources")
 
-    def _templates_list(self, msg: Message) -> None:
-        self._list(msg, "resource_templates", "resourceTemplates")
+    def _templates_list(self, msg: Message, p: dict[str, Any]) -> None:
+        self._list(msg, p, "resource_templates", "resourceTemplates")
 
-    def _tools_call(self, msg: Message) -> None:
+    def _tools_call(self, msg: Message, p: dict[str, Any]) -> None:
         gen = self.registry
-        p = decode_params(msg.params)
         name = p.get("name")
         route = gen.tool_routes.get(name) if isinstance(name, str) else None
         if route is None:
@@ -547,8 +728,7 @@ class Session:
         p["name"] = route.upstream_name
         self._forward(msg, route.view, "tools/call", p)
 
-    def _prompts_get(self, msg: Message) -> None:
-        p = decode_params(msg.params)
+    def _prompts_get(self, msg: Message, p: dict[str, Any]) -> None:
         name = p.get("name")
         route = self.registry.prompt_routes.get(name) if isinstance(name, str) else None
         if route is None:
@@ -569,25 +749,22 @@ class Session:
             for pattern, template, tview in gen.template_routes:
                 if template == uri or pattern.match(uri):
                     return tview
-            with_resources = [
-                v for v in gen.views if "resources" in v.projection().capabilities
-            ]
+            with_resources = [v for v in gen.views if "resources" in v.projection().capabilities]
             if len(with_resources) == 1:
                 return with_resources[0]
         raise McpoolError(
             f"no server of this session listed the resource {uri}",
             message="Resource not found",
-            code=RESOURCE_NOT_FOUND,
+            # The handshake era's code, or the modern era's (SEP-2164: invalid params).
+            code=INVALID_PARAMS if self.era is MODERN else RESOURCE_NOT_FOUND,
             uri=uri,
         )
 
-    def _resources_read(self, msg: Message) -> None:
-        p = decode_params(msg.params)
+    def _resources_read(self, msg: Message, p: dict[str, Any]) -> None:
         self._forward(msg, self._resource_view(p.get("uri")), "resources/read", p)
 
-    def _subscribe(self, msg: Message) -> None:
+    def _subscribe(self, msg: Message, p: dict[str, Any]) -> None:
         """P6: the upstream is subscribed once per URI, however many sessions ask."""
-        p = decode_params(msg.params)
         uri = p.get("uri")
         if not isinstance(uri, str):
             raise InvalidParams("resources/subscribe needs a uri")
@@ -597,10 +774,9 @@ class Session:
         if view.handle.entry.subscribe(view.handle, uri):
             self._forward(msg, view, "resources/subscribe", p)
         else:
-            self.send(response(request_id(msg), {}))
+            self.send_result(msg, {})
 
-    def _unsubscribe(self, msg: Message) -> None:
-        p = decode_params(msg.params)
+    def _unsubscribe(self, msg: Message, p: dict[str, Any]) -> None:
         uri = p.get("uri")
         if not isinstance(uri, str):
             raise InvalidParams("resources/unsubscribe needs a uri")
@@ -611,10 +787,41 @@ class Session:
         if was_subscribed and view.handle.entry.unsubscribe(view.handle, uri):
             self._forward(msg, view, "resources/unsubscribe", p)
         else:
-            self.send(response(request_id(msg), {}))
+            self.send_result(msg, {})
 
-    def _complete(self, msg: Message) -> None:
-        p = decode_params(msg.params)
+    def _hold_uri(self, uri: str) -> None:
+        """A listen stream's resource: subscribe the upstream if no session had it (P6)."""
+        try:
+            view = self._resource_view(uri)
+        except McpoolError:
+            return  # no server lists it: honored, and never fires
+        handle = view.handle
+        assert handle is not None
+        upstream = handle.entry.upstream
+        if handle.entry.subscribe(handle, uri) and upstream is not None and upstream.alive:
+            upstream.send_request(
+                "resources/subscribe", _encoder.encode({"uri": uri}), _ignore_reply
+            )
+
+    def _let_go_uri(self, uri: str) -> None:
+        try:
+            view = self._resource_view(uri)
+        except McpoolError:
+            return
+        handle = view.handle
+        assert handle is not None
+        upstream = handle.entry.upstream
+        if (
+            uri in handle.subscriptions
+            and handle.entry.unsubscribe(handle, uri)
+            and upstream is not None
+            and upstream.alive
+        ):
+            upstream.send_request(
+                "resources/unsubscribe", _encoder.encode({"uri": uri}), _ignore_reply
+            )
+
+    def _complete(self, msg: Message, p: dict[str, Any]) -> None:
         ref = p.get("ref")
         if not isinstance(ref, dict):
             raise InvalidParams("completion/complete needs a ref object")
@@ -630,12 +837,15 @@ class Session:
         else:
             self._forward(msg, self._resource_view(ref.get("uri")), "completion/complete", p)
 
-    def _set_level(self, msg: Message) -> None:
-        p = decode_params(msg.params)
+    def _set_level(self, msg: Message, p: dict[str, Any]) -> None:
         level = p.get("level")
         if level not in LOG_LEVELS:
             raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
         self.log_level = level
+        self._apply_log_level(level)
+        self.send_result(msg, {})
+
+    def _apply_log_level(self, level: str) -> None:
         for view in self.registry.views:
             handle = view.handle
             if handle is None:
@@ -654,9 +864,10 @@ class Session:
                 entry.upstream.send_request(
                     "logging/setLevel", _encoder.encode({"level": after}), _ignore_reply
                 )
-        self.send(response(request_id(msg), {}))
 
-    def _forward(self, msg: Message, view: SessionView, method: str, params: dict[str, Any]) -> None:
+    def _forward(
+        self, msg: Message, view: SessionView, method: str, params: dict[str, Any]
+    ) -> None:
         handle = view.handle
         assert handle is not None
         entry = handle.entry
@@ -674,6 +885,18 @@ class Session:
         if isinstance(meta, dict) and "progressToken" in meta:
             flight.progress = entry.register_progress(handle, meta["progressToken"])
             params["_meta"] = {**meta, "progressToken": flight.progress}
+        session_modern = self.era is MODERN
+        if upstream.era == MODERN:
+            # What the upstream may ask this client for: a modern client answers an
+            # input_required result itself; mcpool cannot turn one into requests to a
+            # handshake-era client, so none is claimed for those.
+            params = upstream.prepare(params, self.client_capabilities if session_modern else {})
+            wrap = method == "tools/call" and params.get("name") in upstream.wrapped_outputs
+            flight.plan = plan_for(
+                method, session_modern=session_modern, upstream_modern=True, wrap=wrap
+            )
+        elif session_modern:
+            flight.plan = plan_for(method, session_modern=True, upstream_modern=False)
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
@@ -683,7 +906,9 @@ class Session:
 
     # -- from upstreams ------------------------------------------------------------------------
 
-    def upstream_notification(self, view: SessionView, method: str, params: Raw | UnsetType) -> None:
+    def upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None:
         if self.closed or not self.initialize_answered:
             return
         if method == "notifications/cancelled":
@@ -699,29 +924,52 @@ class Session:
                     self.send(notification(method, {**decode_params(params), "requestId": did}))
             return
         if method == "notifications/message":
+            if self.era is MODERN and self.log_level is None:
+                return  # 2026-07-28: no log messages unless a request asked for a level
             if self.log_level is not None:
                 try:
                     level = decode_params(params).get("level")
                 except McpoolError:
                     level = None
-                if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+                if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(
+                    self.log_level
+                ):
                     return
             self.send(notification(method, params))
         elif method == "notifications/progress":
             self.send(notification(method, params))
         elif method == "notifications/resources/updated":
             try:
-                uri = decode_params(params).get("uri")
+                p = decode_params(params)
             except McpoolError:
                 return
-            if uri in self.subscriptions:
-                self.send(notification(method, params))
+            uri = p.get("uri")
+            meta = p.get("_meta")
+            if isinstance(meta, dict) and META_SUBSCRIPTION_ID in meta:
+                # A modern upstream's frame names mcpool's listen stream: never the client's.
+                meta = {k: v for k, v in meta.items() if k != META_SUBSCRIPTION_ID}
+                p = {k: v for k, v in p.items() if k != "_meta"} | ({"_meta": meta} if meta else {})
+                params = UNSET
+            if self.era is not MODERN:
+                if uri in self.subscriptions:
+                    self.send(notification(method, p if params is UNSET else params))
+                return
+            rest = meta if isinstance(meta, dict) else {}
+            for listen_id, listen in self.listens.items():
+                if uri in listen.uris:
+                    stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
+                    self.send(notification(method, stamped))
 
     def server_request(
         self, view: SessionView, upstream: StdioUpstream, msg: Message
     ) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""
         method = msg.method if isinstance(msg.method, str) else ""
+        if self.era is MODERN:
+            return (
+                f"the session speaks protocol {self.protocol_version}, where servers send no "
+                f"requests; {method} cannot reach it"
+            )
         capability = _CLIENT_CAPABILITY.get(method)
         if capability is not None and capability not in self.client_capabilities:
             return f"the session does not support {method} (no {capability} capability)"
@@ -754,8 +1002,10 @@ def _ignore_reply(msg: Message) -> None:
     pass
 
 
-_HANDLERS: dict[str, Callable[[Session, Message], None]] = {
+_HANDLERS: dict[str, Callable[[Session, Message, dict[str, Any]], None]] = {
     "initialize": Session._initialize,
+    "server/discover": Session._discover,
+    "subscriptions/listen": Session._listen,
     "ping": Session._ping,
     "tools/list": Session._tools_list,
     "tools/call": Session._tools_call,

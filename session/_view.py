@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._session import Session
 
 
-class Projection(msgspec.Struct, frozen=True, weakref=True):
+class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
     """One snapshot through one policy: served items with their exposed and upstream names."""
 
     generation: int

@@ -1,0 +1,188 @@
+"""Issue 6, protocol eras end to end (DESIGN P1): both eras on one daemon, on both sides.
+
+A 2026-07-28 client (`mcp.Client`, mode "auto", through a real `mcpool attach`) and a 2025-11-25
+client (the SDK's ClientSession with `initialize`) share one upstream through one daemon. The
+upstream is either handshake-only (tools/fake_upstream.py) or 2026-era (tests/e2e/sdk_upstream.py,
+an SDK 2.x server). Both clients list and call tools, see the same process, and hear about a
+tool-list change: the 2026 client on its `subscriptions/listen` stream, the 2025 one as an
+unsolicited notification.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+import trio
+from mcp import Client, StdioServerParameters
+from mcp.client.subscriptions import ResourceUpdated, ToolsListChanged
+
+from e2e.harness import DaemonProcess, attach_args, fake_server, write_settings
+from e2e.support import Inbox, text_of
+
+SDK_UPSTREAM = Path(__file__).with_name("sdk_upstream.py")
+# Spawn, era probe and discovery of a Python upstream, plus one round trip through the bridge.
+WAIT = 20.0
+
+
+def upstream(kind: str) -> dict[str, Any]:
+    if kind == "sdk":
+        return {"command": sys.executable, "args": [str(SDK_UPSTREAM)]}
+    return fake_server()
+
+
+@asynccontextmanager
+async def modern_client(d: DaemonProcess, settings: Path, name: str) -> AsyncIterator[Client]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=attach_args(d.sock, [settings], name),
+        env=d.attach_env(),
+        cwd=d.root,
+    )
+    # The SDK bounds its own connect (the discover probe, and initialize on a fallback).
+    async with Client(params, mode="auto") as client:
+        yield client
+
+
+async def names_2026(client: Client) -> list[str]:
+    with trio.fail_after(WAIT):
+        return [t.name for t in (await client.list_tools(cache_mode="bypass")).tools]
+
+
+@pytest.mark.parametrize("kind", ["fake", "sdk"])
+async def test_a_2026_and_a_2025_client_share_one_upstream(daemon_factory: Any, kind: str) -> None:
+    d = await daemon_factory()
+    settings = write_settings(d.root / "s.json", {"up": upstream(kind)})
+    inbox = Inbox()
+    async with (
+        modern_client(d, settings, "modern") as modern,
+        d.attach([settings], "legacy", message_handler=inbox) as legacy,
+    ):
+        assert modern.protocol_version == "2026-07-28"
+        assert modern.server_info is not None
+        assert modern.server_info.name == "mcpool"
+        assert modern.server_capabilities.tools is not None
+        assert modern.server_capabilities.tools.list_changed is True
+        assert legacy.protocol_version == "2025-11-25"
+
+        assert "up__pid" in await names_2026(modern)
+        with trio.fail_after(WAIT):
+            listed = await legacy.list_tools()
+        assert "up__pid" in [t.name for t in listed.tools]
+
+        with trio.fail_after(WAIT):
+            modern_pid = text_of(await modern.call_tool("up__pid", {}))
+            legacy_pid = text_of(await legacy.call_tool("up__pid", {}))
+        assert modern_pid == legacy_pid  # one upstream process serves both eras
+
+        (server,) = await d.ctl("servers")
+        assert server["pid"] == int(modern_pid)
+        assert server["era"] == ("modern" if kind == "sdk" else "handshake")
+
+        async with modern.listen(tools_list_changed=True) as stream:
+            with trio.fail_after(WAIT):
+                if kind == "sdk":
+                    await modern.call_tool("up__add_tool", {"name": "zap"})
+                else:
+                    await legacy.call_tool("up__set_tools", {"names": ["zap"]})
+                event = await stream.__anext__()
+            assert isinstance(event, ToolsListChanged)
+        await inbox.wait_for(types.ToolListChangedNotification)
+
+        assert "up__zap" in await names_2026(modern)
+        with trio.fail_after(WAIT):
+            listed = await legacy.list_tools()
+            assert "up__zap" in [t.name for t in listed.tools]
+            assert text_of(await modern.call_tool("up__zap", {})) == "zap"
+            assert text_of(await legacy.call_tool("up__zap", {})) == "zap"
+
+
+async def test_resource_updates_reach_a_2026_listener_from_a_2026_upstream(
+    daemon_factory: Any,
+) -> None:
+    d = await daemon_factory()
+    settings = write_settings(d.root / "s.json", {"up": upstream("sdk")})
+    async with modern_client(d, settings, "modern") as modern:
+        with trio.fail_after(WAIT):
+            read = await modern.read_resource("note://pad")
+        assert isinstance(read.contents[0], types.TextResourceContents)
+        async with modern.listen(resource_subscriptions=["note://pad"]) as stream:
+            with trio.fail_after(WAIT):
+                await modern.call_tool("up__touch", {})
+                event = await stream.__anext__()
+        assert event == ResourceUpdated(uri="note://pad")
+
+
+async def test_a_2026_client_gets_structured_output_and_resource_errors_in_its_era(
+    daemon_factory: Any,
+) -> None:
+    d = await daemon_factory()
+    settings = write_settings(d.root / "s.json", {"up": upstream("fake")})
+    async with modern_client(d, settings, "modern") as modern:
+        with trio.fail_after(WAIT):
+            with pytest.raises(Exception) as caught:  # noqa: PT011 - MCPError, code checked below
+                await modern.read_resource("nowhere://at-all")
+        assert getattr(caught.value, "code", None) == -32602  # SEP-2164, not -32002
+
+
+# A handshake-only server that never answers a request it does not know (some do exactly that
+# before `initialize`): only the bounded probe keeps it from costing the SDK's fixed 10 s.
+SILENT_UPSTREAM = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    answers = {
+        "initialize": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "silent", "version": "1"},
+        },
+        "tools/list": {"tools": [{"name": "hi", "inputSchema": {"type": "object"}}]},
+        "tools/call": {"content": [{"type": "text", "text": "hi"}]},
+    }
+    if "id" in msg and msg.get("method") in answers:
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": answers[msg["method"]]}))
+        sys.stdout.flush()
+"""
+
+
+async def test_a_server_silent_on_discover_costs_the_probe_bound_not_more(
+    daemon_factory: Any,
+) -> None:
+    d = await daemon_factory()
+    script = d.root / "silent.py"
+    script.write_text(SILENT_UPSTREAM)
+    settings = write_settings(
+        d.root / "s.json", {"up": {"command": sys.executable, "args": [str(script)]}}
+    )
+    started = trio.current_time()
+    async with modern_client(d, settings, "modern") as modern:
+        with trio.fail_after(WAIT):
+            assert text_of(await modern.call_tool("up__hi", {})) == "hi"
+    # PROBE_TIMEOUT (1.5 s) plus start-ups, well under the SDK's fixed 10 s discover timeout.
+    assert trio.current_time() - started < 8.0
+    (server,) = await d.ctl("servers")
+    assert server["era"] == "handshake"
+
+
+async def test_a_slow_starting_2026_server_is_still_found_modern(daemon_factory: Any) -> None:
+    # The probe times out before the server reads it; the server then reads the probe first,
+    # locks itself modern and refuses `initialize` with -32022, which sends mcpool back to
+    # discover instead of failing the start.
+    d = await daemon_factory()
+    slow = {
+        "command": "sh",
+        "args": ["-c", f'sleep 2.5; exec "{sys.executable}" "{SDK_UPSTREAM}"'],
+    }
+    settings = write_settings(d.root / "s.json", {"up": slow})
+    async with d.attach([settings], "legacy") as legacy:
+        with trio.fail_after(WAIT):
+            listed = await legacy.list_tools()
+        assert "up__pid" in [t.name for t in listed.tools]
+    (server,) = await d.ctl("servers")
+    assert server["era"] == "modern"
