@@ -38,43 +38,130 @@ class Route(NamedTuple):
     upstream_name: str
 
 
-class RegistryGeneration:
-    """Immutable by convention: built once by `build_candidate`, never modified afterwards."""
+class Aggregate:
+    """The served lists, routes and canonical form of one sequence of projections.
+
+    Shared by every session whose views project the same snapshots through the same policies
+    under the same names (the common case: many windows, one settings file), so a thousand
+    such sessions hold one aggregate, not a thousand. Routes name views by index; each
+    session's `RegistryGeneration` resolves the index through its own views.
+    """
 
     __slots__ = (
+        "__weakref__",
         "canonical",
         "encoded",
-        "number",
+        "projections",
         "prompt_routes",
         "prompts",
         "resource_routes",
         "resource_templates",
         "resources",
-        "settings_generation",
         "template_routes",
         "tool_routes",
         "tools",
-        "views",
     )
 
     def __init__(self) -> None:
-        self.number = 0
-        self.settings_generation = 0
-        self.views: tuple[SessionView, ...] = ()
+        self.projections: tuple[Projection, ...] = ()  # keeps the cache key's objects alive
         self.tools: tuple[dict[str, Any], ...] = ()
         self.prompts: tuple[dict[str, Any], ...] = ()
         self.resources: tuple[dict[str, Any], ...] = ()
         self.resource_templates: tuple[dict[str, Any], ...] = ()
-        self.tool_routes: dict[str, Route] = {}
-        self.prompt_routes: dict[str, Route] = {}
-        self.resource_routes: dict[str, SessionView] = {}
-        self.template_routes: tuple[tuple[re.Pattern[str], str, SessionView], ...] = ()
+        self.tool_routes: dict[str, tuple[int, str]] = {}  # exposed -> (view index, upstream)
+        self.prompt_routes: dict[str, tuple[int, str]] = {}
+        self.resource_routes: dict[str, int] = {}
+        self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
         # Per list kind: sorted (key, canonical bytes) pairs; equal <=> canonically equal (S4).
         self.canonical: dict[str, tuple[tuple[str, bytes], ...]] = {}
-        # Encoded first pages, filled lazily by the session (a cache, not state).
+        # Encoded first pages, filled lazily by sessions (a cache, not state).
         self.encoded: dict[str, bytes] = {}
 
+
+class RegistryGeneration:
+    """One session's registry at one moment: its views and the (shared) aggregate they make.
+
+    Immutable by convention: built once by `build_candidate`, never modified afterwards.
+    """
+
+    __slots__ = ("agg", "number", "settings_generation", "views")
+
+    def __init__(
+        self,
+        agg: Aggregate | None = None,
+        views: tuple[SessionView, ...] = (),
+        *,
+        number: int = 0,
+        settings_generation: int = 0,
+    ) -> None:
+        self.agg = agg if agg is not None else _EMPTY
+        self.views = views
+        self.number = number
+        self.settings_generation = settings_generation
+
+    # The served lists and caches are the aggregate's.
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...]:
+        return self.agg.tools
+
+    @property
+    def prompts(self) -> tuple[dict[str, Any], ...]:
+        return self.agg.prompts
+
+    @property
+    def resources(self) -> tuple[dict[str, Any], ...]:
+        return self.agg.resources
+
+    @property
+    def resource_templates(self) -> tuple[dict[str, Any], ...]:
+        return self.agg.resource_templates
+
+    @property
+    def canonical(self) -> dict[str, tuple[tuple[str, bytes], ...]]:
+        return self.agg.canonical
+
+    @property
+    def encoded(self) -> dict[str, bytes]:
+        return self.agg.encoded
+
+    # Lookups on the hot path.
+    def tool_route(self, exposed: str) -> Route | None:
+        hit = self.agg.tool_routes.get(exposed)
+        return Route(self.views[hit[0]], hit[1]) if hit is not None else None
+
+    def prompt_route(self, exposed: str) -> Route | None:
+        hit = self.agg.prompt_routes.get(exposed)
+        return Route(self.views[hit[0]], hit[1]) if hit is not None else None
+
+    def resource_view(self, uri: str) -> SessionView | None:
+        index = self.agg.resource_routes.get(uri)
+        if index is not None:
+            return self.views[index]
+        for pattern, template, tindex in self.agg.template_routes:
+            if template == uri or pattern.match(uri):
+                return self.views[tindex]
+        return None
+
+    # Whole tables, for daemonctl and tests (built on demand, not kept).
+    @property
+    def tool_routes(self) -> dict[str, Route]:
+        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.tool_routes.items()}
+
+    @property
+    def prompt_routes(self) -> dict[str, Route]:
+        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.prompt_routes.items()}
+
+    @property
+    def resource_routes(self) -> dict[str, SessionView]:
+        return {uri: self.views[i] for uri, i in self.agg.resource_routes.items()}
+
+    @property
+    def template_routes(self) -> tuple[tuple[re.Pattern[str], str, SessionView], ...]:
+        return tuple((p, t, self.views[i]) for p, t, i in self.agg.template_routes)
+
     def changed_kinds(self, previous: RegistryGeneration) -> list[str]:
+        if self.agg is previous.agg:
+            return []
         return [k for k in LIST_KINDS if self.canonical[k] != previous.canonical[k]]
 
     def instructions(self) -> str | None:
@@ -134,72 +221,94 @@ def template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
+_AggregateKey = tuple[tuple[int, str, bool], ...]
+_aggregates: weakref.WeakValueDictionary[_AggregateKey, Aggregate] = weakref.WeakValueDictionary()
+
+
 def build_candidate(
     views: list[SessionView], *, number: int, settings_generation: int
 ) -> RegistryGeneration:
-    gen = RegistryGeneration()
-    gen.number = number
-    gen.settings_generation = settings_generation
-    gen.views = tuple(views)
+    """A complete, validated candidate for `views`; raises CandidateRejected (S3)."""
+    projections = [v.projection() for v in views]
+    # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
+    key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
+    agg = _aggregates.get(key)
+    if agg is None:
+        agg = _build_aggregate(views, projections)
+        _aggregates[key] = agg
+    return RegistryGeneration(
+        agg, tuple(views), number=number, settings_generation=settings_generation
+    )
+
+
+def _build_aggregate(views: list[SessionView], projections: list[Projection]) -> Aggregate:
+    agg = Aggregate()
+    agg.projections = tuple(projections)
     tools: list[dict[str, Any]] = []
     prompts: list[dict[str, Any]] = []
     resources: list[dict[str, Any]] = []
     templates: list[dict[str, Any]] = []
-    tool_routes: dict[str, Route] = {}
-    prompt_routes: dict[str, Route] = {}
-    resource_routes: dict[str, SessionView] = {}
-    template_routes: list[tuple[re.Pattern[str], str, SessionView]] = []
+    tool_routes: dict[str, tuple[int, str]] = {}
+    prompt_routes: dict[str, tuple[int, str]] = {}
+    resource_routes: dict[str, int] = {}
+    template_routes: list[tuple[re.Pattern[str], str, int]] = []
     canon: dict[str, dict[str, bytes]] = {k: {} for k in LIST_KINDS}
-    for view in views:
-        proj: Projection = view.projection()
+    for index, (view, proj) in enumerate(zip(views, projections, strict=True)):
         if not proj.available:
             continue
         pc = projection_canonical(proj)
         for exposed, upstream, tool in proj.tools:
             _check_name(view.name, upstream, "tool")
             if exposed in tool_routes:
-                other = tool_routes[exposed].view.name
+                other = views[tool_routes[exposed][0]].name
                 raise CandidateRejected(
                     view.name, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
                 )
-            tool_routes[exposed] = Route(view, upstream)
+            tool_routes[exposed] = (index, upstream)
             tools.append(tool)
             canon["tools"][exposed] = pc["tools"][exposed]
         for exposed, upstream, prompt in proj.prompts:
             _check_name(view.name, upstream, "prompt")
             if exposed in prompt_routes:
-                other = prompt_routes[exposed].view.name
+                other = views[prompt_routes[exposed][0]].name
                 raise CandidateRejected(
                     view.name, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
                 )
-            prompt_routes[exposed] = Route(view, upstream)
+            prompt_routes[exposed] = (index, upstream)
             prompts.append(prompt)
             canon["prompts"][exposed] = pc["prompts"][exposed]
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
-                resource_routes[uri] = view
+                resource_routes[uri] = index
                 resources.append(res)
                 canon["resources"][uri] = pc["resources"][uri]
         for tpl in proj.resource_templates:
             uri_t = tpl.get("uriTemplate")
             if isinstance(uri_t, str):
-                template_routes.append((template_pattern(uri_t), uri_t, view))
+                template_routes.append((template_pattern(uri_t), uri_t, index))
                 templates.append(tpl)
                 canon["resources"]["template:" + uri_t] = pc["resources"]["template:" + uri_t]
-    gen.tools = tuple(tools)
-    gen.prompts = tuple(prompts)
-    gen.resources = tuple(resources)
-    gen.resource_templates = tuple(templates)
-    gen.tool_routes = tool_routes
-    gen.prompt_routes = prompt_routes
-    gen.resource_routes = resource_routes
-    gen.template_routes = tuple(template_routes)
-    gen.canonical = {k: tuple(sorted(v.items())) for k, v in canon.items()}
-    return gen
+    agg.tools = tuple(tools)
+    agg.prompts = tuple(prompts)
+    agg.resources = tuple(resources)
+    agg.resource_templates = tuple(templates)
+    agg.tool_routes = tool_routes
+    agg.prompt_routes = prompt_routes
+    agg.resource_routes = resource_routes
+    agg.template_routes = tuple(template_routes)
+    agg.canonical = {k: tuple(sorted(v.items())) for k, v in canon.items()}
+    return agg
+
+
+def _empty_aggregate() -> Aggregate:
+    agg = Aggregate()
+    agg.canonical = {k: () for k in LIST_KINDS}
+    return agg
+
+
+_EMPTY = _empty_aggregate()
 
 
 def empty_generation() -> RegistryGeneration:
-    gen = RegistryGeneration()
-    gen.canonical = {k: () for k in LIST_KINDS}
-    return gen
+    return RegistryGeneration()

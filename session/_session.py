@@ -686,7 +686,7 @@ class Session:
         offset = _offset(cursor) if cursor is not None else 0
         modern = self.era is MODERN
         # The first page is encoded once per generation and era (a modern one carries more).
-        key = f"{kind}@{MODERN}" if modern else kind
+        key = f"{kind}@{MODERN if modern else 'handshake'}/{self.page_size}"
         if offset == 0:
             cached = gen.encoded.get(key)
             if cached is not None:
@@ -695,7 +695,8 @@ class Session:
         page = items[offset : offset + self.page_size]
         result: dict[str, Any] = {field: page}
         if offset + self.page_size < len(items):
-            result["nextCursor"] = _cursor(gen.number, offset + self.page_size)
+            # The first page is cached on the shared aggregate: no per-session value in it.
+            result["nextCursor"] = _cursor(0, offset + self.page_size)
         if modern:
             result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
         encoded = _encoder.encode(result)
@@ -718,7 +719,7 @@ class Session:
     def _tools_call(self, msg: Message, p: dict[str, Any]) -> None:
         gen = self.registry
         name = p.get("name")
-        route = gen.tool_routes.get(name) if isinstance(name, str) else None
+        route = gen.tool_route(name) if isinstance(name, str) else None
         if route is None:
             raise InvalidParams(
                 f"unknown tool: {name}: no server of this session exposes it",
@@ -730,7 +731,7 @@ class Session:
 
     def _prompts_get(self, msg: Message, p: dict[str, Any]) -> None:
         name = p.get("name")
-        route = self.registry.prompt_routes.get(name) if isinstance(name, str) else None
+        route = self.registry.prompt_route(name) if isinstance(name, str) else None
         if route is None:
             raise InvalidParams(
                 f"unknown prompt: {name}: no server of this session exposes it",
@@ -743,12 +744,9 @@ class Session:
     def _resource_view(self, uri: Any) -> SessionView:
         gen = self.registry
         if isinstance(uri, str):
-            view = gen.resource_routes.get(uri)
+            view = gen.resource_view(uri)
             if view is not None:
                 return view
-            for pattern, template, tview in gen.template_routes:
-                if template == uri or pattern.match(uri):
-                    return tview
             with_resources = [v for v in gen.views if "resources" in v.projection().capabilities]
             if len(with_resources) == 1:
                 return with_resources[0]
@@ -826,7 +824,7 @@ class Session:
         if not isinstance(ref, dict):
             raise InvalidParams("completion/complete needs a ref object")
         if ref.get("type") == "ref/prompt":
-            route: Route | None = self.registry.prompt_routes.get(str(ref.get("name")))
+            route: Route | None = self.registry.prompt_route(str(ref.get("name")))
             if route is None:
                 raise InvalidParams(
                     f"unknown prompt: {ref.get('name')}: no server of this session exposes it",
