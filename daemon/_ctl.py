@@ -604,6 +604,13 @@ def _render_status(status: dict[str, Any]) -> None:
         _print(f"note: {_text(note)}")
 
 
+def _transport_shown(server: dict[str, Any]) -> Any:
+    """`http http://host:port/mcp` for a remote server: the URL as the daemon redacted it
+    (no credentials, no query string; X2)."""
+    url = (server.get("transport_detail") or {}).get("url")
+    return f"{server.get('transport')} {url}" if url else server.get("transport")
+
+
 def _render_servers(servers: list[dict[str, Any]]) -> None:
     if not servers:
         _print("no servers")
@@ -629,7 +636,7 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
             _text(server.get("name")),
             _text(server.get("id")),
             _text(server.get("state")),
-            _text(server.get("transport")),
+            _text(_transport_shown(server)),
             _text(server.get("era")),
             _text(server.get("pid")),
             _mib(server.get("rss")),

@@ -70,6 +70,7 @@ from ._watch import SettingsWatcher
 from ._settings import (
     DaemonOptions,
     LoadedFile,
+    file_signature,
     parse_server_entry,
     read_settings_file,
     settings_base_dir,
@@ -113,7 +114,7 @@ class Daemon:
         self.options = DaemonOptions()
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
-        self.watcher = SettingsWatcher(self.files_changed)
+        self.watcher = SettingsWatcher(self.files_changed, self.stale_files)
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
@@ -143,6 +144,12 @@ class Daemon:
         if os.environ.get("MCPOOL_NO_POOL") == "1":
             opts = msgspec.structs.replace(opts, pool=False)
         self.options = opts
+        self.notes = [n for n in self.notes if not n.startswith("daemon.socket")]
+        if opts.socket and os.path.abspath(os.path.expanduser(opts.socket)) != self.sock_path:
+            self.notes.append(
+                f"daemon.socket is now {opts.socket}, but this daemon listens on "
+                f"{self.sock_path}: restart the daemon to move it"
+            )
         self._apply_log_level()
         if self.pool is not None:
             self.pool.options = self._pool_options()
@@ -161,7 +168,9 @@ class Daemon:
         merged: dict[str, tuple[ServerSettings, str]] = {}
         for path in state.sources:
             loaded = self.files.get(path)
-            if loaded is None:
+            if loaded is None or loaded.signature != file_signature(path):
+                # New, or written since we read it (the watcher's event may still be on its
+                # way): a session never starts from settings older than the file.
                 loaded = self.load_file(path)
             for name, entry in loaded.servers.items():
                 merged.pop(name, None)
@@ -260,6 +269,15 @@ class Daemon:
             entry = view.handle.entry if view.handle else None
             if entry is not None and entry.state.value == "crash-loop" and view.source in paths:
                 self.pool.restart_entry(entry)
+
+    def stale_files(self) -> set[str]:
+        """Watched files whose on-disk signature is not the one last read."""
+        return {
+            path
+            for path in self.watched_files()
+            if (loaded := self.files.get(path)) is not None
+            and loaded.signature != file_signature(path)
+        }
 
     async def files_changed(self, paths: set[str]) -> None:
         """The watcher saw these files change (atomic replace or in-place write)."""
@@ -631,6 +649,7 @@ class Daemon:
             "rss": rss_total,
             "daemon_rss": _tree_rss(self.pid, children=False),
             "pooling": self.options.pool,
+            "options": msgspec.to_builtins(self.options),
             "registry_errors": [
                 {"session": sid, "error": st.session.last_error}
                 for sid, st in self.sessions.items()
@@ -685,6 +704,8 @@ class Daemon:
                     "attached_at": s.attached_at,
                     "servers": list(s.views),
                     "generation": s.registry.number,
+                    "era": s.era,
+                    "protocol_version": s.protocol_version,
                     "settings_generation": s.settings_generation,
                     "pending_notifications": len(s.pending_kinds),
                     "notifications_sent": s.notifications_sent,
@@ -1034,12 +1055,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     http_bind: tuple[str, int, bool] | None = None
     if args.http:
+        import importlib.util
+
         from ._http import bind_is_loopback, parse_bind
 
         try:
             host, port = parse_bind(args.http)
         except ValueError as exc:
             parser.error(f"--http: {exc}")
+        if importlib.util.find_spec("h11") is None:
+            parser.error("--http needs h11: pip install 'mcpool[http]'")
         if not (bind_is_loopback(host) or args.http_allow_remote):
             parser.error(f"--http {args.http}: not a loopback address (see --http-allow-remote)")
         http_bind = (host, port, args.http_allow_remote)

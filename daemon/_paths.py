@@ -27,9 +27,25 @@ def socket_path(cli: str | None = None) -> Path:
         return _explicit(cli)
     if env := os.environ.get("MCPOOL_SOCKET"):
         return _explicit(env)
+    if configured := _configured_socket():
+        return _explicit(configured)
     if runtime := _xdg("XDG_RUNTIME_DIR"):
         return runtime / "mcpool" / "daemon.sock"
     return Path(f"/tmp/mcpool-{os.getuid()}") / "daemon.sock"
+
+
+def _configured_socket() -> str | None:
+    """`"daemon": {"socket": PATH}` in the user config, read with the stdlib (bridge start-up)."""
+    try:
+        with open(config_path(None), "rb") as f:
+            import json
+
+            doc = json.loads(f.read() or b"{}")
+    except (OSError, ValueError):
+        return None
+    daemon = doc.get("daemon") if isinstance(doc, dict) else None
+    value = daemon.get("socket") if isinstance(daemon, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def config_path(cli: str | None = None) -> Path:

@@ -30,6 +30,8 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # A client that stops reading is disconnected once this much is queued for it.
     session_buffer_bytes: int = 8 * 1024 * 1024
     shutdown_timeout: float = 10.0
+    # Read when the daemon starts (and by `mcpool attach`/daemonctl); a change needs a restart.
+    socket: str | None = None
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
 
@@ -49,6 +51,17 @@ class LoadedFile(msgspec.Struct, kw_only=True):
     error: str | None = None
     loaded_at: float | None = None
     generation: int = 0
+    # (mtime_ns, size, inode) of what was read: lets an attach see a write the watcher has
+    # not delivered yet.
+    signature: tuple[int, int, int] | None = None
+
+
+def file_signature(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 _PATH_RE = re.compile(r"at `\$\.(?P<path>[^`]*)`")
@@ -129,19 +142,30 @@ def read_settings_file(path: str, *, now: float, previous: LoadedFile | None) ->
     """Read `path`. On failure the previous good servers stay in force (status says error)."""
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
             data = f.read()
     except FileNotFoundError:
         return LoadedFile(path=path, status="missing", loaded_at=now)
     except OSError as exc:
         return _failed(path, f"cannot read {path}: {exc.strerror}", previous, now)
     if not data.strip():
-        return LoadedFile(path=path, status="ok", loaded_at=now)
+        return LoadedFile(
+            path=path, status="ok", loaded_at=now, signature=(st.st_mtime_ns, st.st_size, st.st_ino)
+        )
+    signature = (st.st_mtime_ns, st.st_size, st.st_ino)
     try:
         doc = parse_settings(data, path)
     except SettingsError as exc:
-        return _failed(path, exc.message + ": " + exc.reason, previous, now)
+        failed = _failed(path, exc.message + ": " + exc.reason, previous, now)
+        failed.signature = signature
+        return failed
     return LoadedFile(
-        path=path, status="ok", servers=doc.mcp_servers, daemon=doc.daemon, loaded_at=now
+        path=path,
+        status="ok",
+        servers=doc.mcp_servers,
+        daemon=doc.daemon,
+        loaded_at=now,
+        signature=signature,
     )
 
 

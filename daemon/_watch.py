@@ -31,7 +31,13 @@ QUIET = 0.02
 # ...but never hold a change back longer than this while writes keep coming.
 MAX_DELAY = 0.1
 
+# watchfiles registers its OS watches in a worker thread with no signal when done: a write in
+# that window is never reported. This long after each (re)start, files whose on-disk signature
+# differs from what the daemon loaded are treated as changed.
+STARTUP_RECHECK = 0.5
+
 ReloadCallback = Callable[[set[str]], Awaitable[None]]
+StaleCheck = Callable[[], set[str]]
 
 
 class ChangeBatcher:
@@ -72,8 +78,10 @@ class ChangeBatcher:
 
 
 class SettingsWatcher:
-    def __init__(self, on_change: ReloadCallback) -> None:
+    def __init__(self, on_change: ReloadCallback, stale: StaleCheck | None = None) -> None:
         self._on_change = on_change
+        self._stale = stale
+        self._nursery: trio.Nursery | None = None
         self.batcher = ChangeBatcher()
         self._files: set[str] = set()
         self._changed = trio.Event()
@@ -103,6 +111,7 @@ class SettingsWatcher:
     async def run(self) -> None:
         """Watch folders and feed the batcher; a second task applies batches one at a time."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._apply_batches)
             await self._watch_folders()
             nursery.cancel_scope.cancel()
@@ -111,6 +120,13 @@ class SettingsWatcher:
         while True:
             batch = await self.batcher.next_batch()
             await self._on_change(batch)
+
+    async def _recheck(self, delay: float) -> None:
+        await trio.sleep(delay)
+        assert self._stale is not None
+        stale = self._stale() & self._files
+        if stale:
+            self.batcher.add(stale)
 
     def _existing_folders(self) -> list[str]:
         # A folder that does not exist yet cannot be watched; attach of a new one re-runs this.
@@ -129,6 +145,8 @@ class SettingsWatcher:
                 await self._changed.wait()
                 continue
             self._stop = anyio.Event()
+            if self._nursery is not None and self._stale is not None:
+                self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             async for changes in awatch(
                 *folders,
                 debounce=DEBOUNCE_MS,

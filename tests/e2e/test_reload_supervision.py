@@ -256,3 +256,18 @@ async def test_shutdown_is_bounded_despite_a_stuck_client_and_a_stubborn_upstrea
         assert code == 0
         assert not d.sock.exists()
         assert not [p for p in family if alive(p)]
+
+
+async def test_daemon_options_reload_live_and_a_socket_change_asks_for_a_restart(daemon_factory):
+    d = await daemon_factory(daemon={"drainGrace": 30})
+    d.write_config({}, {"drainGrace": 7, "socket": "/tmp/elsewhere.sock"})
+    with trio.fail_after(WAIT):
+        await wait_until(lambda: _option_is(d, "drainGrace", 7))
+    notes = (await d.ctl("status"))["notes"]
+    assert any("restart the daemon" in n for n in notes), notes
+    assert d.sock.exists()  # still listening where it started
+
+
+async def _option_is(d: DaemonProcess, name: str, value: Any) -> bool:
+    return bool((await d.ctl("status"))["options"].get(name) == value)
+

@@ -1,0 +1,802 @@
+"""The downstream streamable HTTP endpoint: `mcpool daemon --http 127.0.0.1:PORT` serves `/mcp`.
+
+Theory of operation: the endpoint is a transport in front of ordinary `Session`s, which know
+nothing of HTTP. A session speaks newline-delimited JSON-RPC to a writer; here that writer is a
+`SessionOutbox`, a pure router (no I/O) that sends each message the session writes to the right
+place:
+
+- a response goes to the POST stream that carried its request;
+- a progress notification goes to the stream whose request named its progress token;
+- any other server message (a sampling or elicitation request, a log message) goes to the most
+  recently opened POST stream still waiting for a response, since it is almost always about that
+  request; failing that, to the session's GET stream; failing that, it waits (bounded) for one.
+
+Sessions: `initialize` without an `Mcp-Session-Id` creates one (handshake era); later requests
+name it, and `DELETE` ends it, as does an idle timeout. A request without a session id that
+carries a modern `MCP-Protocol-Version` gets a session of its own that lasts as long as its POST
+(the modern era has no handshake), so whatever era a `Session` speaks is served the same way.
+Settings: the daemon's config file, or the files named by `X-Mcpool-Settings`.
+
+Security: the endpoint binds loopback unless `--http-allow-remote`; a browser's `Origin` that is
+not a loopback origin is refused (403), and so is a non-loopback `Host` (DNS rebinding). Loopback
+TCP has no SO_PEERCRED, so the owner of a loopback peer's socket is read from /proc/net/tcp and
+a peer of another uid is refused, as on the Unix socket (X1).
+
+HTTP/1.1 is spoken with h11 (the sans-I/O parser the house style follows); it is imported only
+when the endpoint starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import math
+import os
+import secrets
+import struct
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
+
+import msgspec
+import trio
+from msgspec import UNSET
+
+from mcpool.protocol import (
+    HANDSHAKE_VERSIONS,
+    INVALID_REQUEST,
+    MODERN_VERSIONS,
+    McpoolError,
+    Message,
+    decode,
+    error_response,
+)
+
+if TYPE_CHECKING:
+    import h11
+
+    from mcpool.session import Session
+
+PATH = "/mcp"
+SESSION_IDLE = 600.0  # an HTTP session with no request and no open stream for this long ends
+HEADER_TIMEOUT = 30.0  # a request's head and body must arrive within this (slowloris bound)
+KEEPALIVE_IDLE = 120.0  # an idle keep-alive connection is closed after this
+BACKLOG_MESSAGES = 1000  # server messages kept for a GET stream that is not open (oldest dropped)
+MAX_HEADER_BYTES = 64 * 1024
+SETTINGS_HEADER = "x-mcpool-settings"
+SERVER_NAME = b"mcpool"
+
+_decoder = msgspec.json.Decoder()
+
+
+class SessionHost(Protocol):
+    """What the endpoint needs from the daemon (`Daemon` implements it)."""
+
+    config_path: str
+
+    def open_session(self, out: Any, *, name: str, sources: list[str], peer: str) -> Any: ...
+
+    async def apply_to_session(self, state: Any) -> Any: ...
+
+    def close_session(self, state: Any, reason: str) -> None: ...
+
+    def log(self, level: str, message: str, **fields: Any) -> None: ...
+
+
+# -- the router (pure) --------------------------------------------------------------------------
+
+
+def _key(msg_id: Any) -> tuple[str, Any]:
+    """JSON-RPC ids compare by type and value: 1 and "1" are different requests."""
+    return (type(msg_id).__name__, msg_id)
+
+
+class Stream:
+    """One SSE (or JSON) response body the outbox can put messages on."""
+
+    def __init__(self, outbox: SessionOutbox, *, kind: str, json: bool = False) -> None:
+        self.outbox = outbox
+        self.kind = kind  # "post" or "get"
+        self.json = json  # JSON response mode: only responses, sent together at the end
+        self.waiting: set[tuple[str, Any]] = set()
+        self.tokens: set[tuple[str, Any]] = set()
+        self.responses: list[bytes] = []
+        self.queued = 0
+        self.closed = False
+        self._send, self.receive = trio.open_memory_channel[bytes](math.inf)
+
+    def put(self, line: bytes) -> None:
+        if self.closed:
+            return
+        chunk = line if self.json else b"event: message\ndata: " + line + b"\n\n"
+        self.queued += len(chunk)
+        self.outbox.queued += len(chunk)
+        self._send.send_nowait(chunk)
+
+    def sent(self, chunk: bytes) -> None:
+        """The connection wrote `chunk` to the socket."""
+        self.queued -= len(chunk)
+        self.outbox.release(len(chunk))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._send.close()
+        self.outbox.detach(self)
+
+
+class SessionOutbox:
+    """The session's writer: routes every message it writes to one stream (see module doc)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+        self.streams: list[Stream] = []  # open POST streams, oldest first
+        self.get_stream: Stream | None = None
+        self.backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG_MESSAGES)
+        self._drained = trio.Event()
+        self._drained.set()
+        self.on_idle: Callable[[], None] = lambda: None
+
+    # Writer protocol ---------------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        return self.queued
+
+    def write(self, data: bytes) -> None:
+        if self.queued > self.limit:
+            raise McpoolError(
+                f"the HTTP client stopped reading: more than {self.limit} bytes are waiting"
+            )
+        for line in data.split(b"\n"):
+            if line.strip():
+                self.route(line)
+        if self.queued:
+            self._drained = trio.Event() if self._drained.is_set() else self._drained
+
+    async def wait_drained(self) -> None:
+        while self.queued:
+            await self._drained.wait()
+
+    # routing -----------------------------------------------------------------------------------
+
+    def open(self, stream: Stream, requests: list[Message]) -> None:
+        """Register a POST stream before its requests reach the session (replies can be
+        synchronous)."""
+        for msg in requests:
+            stream.waiting.add(_key(msg.id))
+            token = _progress_token(msg)
+            if token is not None:
+                stream.tokens.add(_key(token))
+        self.streams.append(stream)
+
+    def open_get(self, stream: Stream) -> None:
+        self.get_stream = stream
+        backlog, self.backlog = list(self.backlog), collections.deque(maxlen=BACKLOG_MESSAGES)
+        for line in backlog:
+            stream.put(line)
+
+    def route(self, line: bytes) -> None:
+        try:
+            decoded = decode(line)
+        except McpoolError:
+            return  # the session only writes what it encoded: nothing to route
+        for msg in decoded if isinstance(decoded, list) else [decoded]:
+            self._route_one(msg, line if not isinstance(decoded, list) else _encode(msg))
+
+    def _route_one(self, msg: Message, line: bytes) -> None:
+        if msg.method is UNSET:
+            key = _key(msg.id)
+            for stream in self.streams:
+                if key in stream.waiting:
+                    stream.waiting.discard(key)
+                    if stream.json:
+                        stream.responses.append(line)
+                    else:
+                        stream.put(line)
+                    if not stream.waiting:
+                        if stream.json:
+                            stream.put(_json_body(stream.responses))
+                        stream.close()
+                    return
+            return  # its stream is gone (the client disconnected): nobody to tell
+        if msg.method == "notifications/progress":
+            token = _progress_token(msg)
+            for stream in self.streams:
+                if token is not None and _key(token) in stream.tokens and not stream.json:
+                    stream.put(line)
+                    return
+        for stream in reversed(self.streams):
+            if not stream.json and stream.waiting:
+                stream.put(line)
+                return
+        if self.get_stream is not None:
+            self.get_stream.put(line)
+        else:
+            self.backlog.append(line)
+
+    def detach(self, stream: Stream) -> None:
+        if stream in self.streams:
+            self.streams.remove(stream)
+        if self.get_stream is stream:
+            self.get_stream = None
+        self.release(stream.queued)
+        stream.queued = 0
+        self.on_idle()
+
+    def release(self, size: int) -> None:
+        self.queued -= size
+        if self.queued <= 0:
+            self.queued = 0
+            self._drained.set()
+
+    def close(self) -> None:
+        for stream in [*self.streams, *([self.get_stream] if self.get_stream else [])]:
+            stream.close()
+
+
+def _progress_token(msg: Message) -> Any:
+    if msg.params is UNSET:
+        return None
+    try:
+        params = _decoder.decode(msg.params)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(params, dict):
+        return None
+    if msg.method == "notifications/progress":
+        return params.get("progressToken")
+    meta = params.get("_meta")
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+def _encode(msg: Message) -> bytes:
+    return msgspec.json.encode(msg)
+
+
+def _json_body(responses: list[bytes]) -> bytes:
+    return responses[0] if len(responses) == 1 else b"[" + b",".join(responses) + b"]"
+
+
+# -- request checks (pure) -----------------------------------------------------------------------
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1, with or without a port (`[::1]:8080`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def origin_allowed(origin: str | None) -> bool:
+    """No Origin (not a browser) is fine; a browser page must itself be on loopback."""
+    if origin is None:
+        return True
+    parts = urlsplit(origin.strip())
+    return parts.scheme in ("http", "https") and is_loopback_host(parts.netloc)
+
+
+def parse_settings_header(value: str | None) -> list[str] | None:
+    """`X-Mcpool-Settings: /a/b.json, /c.json` -> paths; None when absent. Raises ValueError."""
+    if value is None:
+        return None
+    paths = [p.strip() for p in value.split(",") if p.strip()]
+    if not paths:
+        raise ValueError("X-Mcpool-Settings names no file")
+    for p in paths:
+        if not os.path.isabs(p):
+            raise ValueError(f"X-Mcpool-Settings paths must be absolute: {p!r}")
+    return [os.path.normpath(p) for p in paths]
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """`127.0.0.1:8765`, `[::1]:8765`, `localhost:8765` -> (host, port). Raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port out of range: {number}")
+    return host, number
+
+
+def bind_is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _proc_address(ip: str, port: int) -> str:
+    """An address as /proc/net/tcp{,6} prints it: native-endian 32-bit words, then the port."""
+    addr = ipaddress.ip_address(ip)
+    if addr.version == 4:
+        words = struct.unpack("=I", addr.packed)
+        return f"{words[0]:08X}:{port:04X}"
+    words = struct.unpack("=4I", addr.packed)
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+
+
+def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The uid owning the client end of a loopback TCP connection, from /proc/net/tcp{,6}."""
+    want_local = _proc_address(peer[0], peer[1])
+    want_remote = _proc_address(local[0], local[1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for row in f:
+                    fields = row.split()
+                    if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
+                        return int(fields[7])
+        except OSError:
+            continue
+    return None
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+class _HttpSession:
+    def __init__(self, sid: str, state: Any, outbox: SessionOutbox, *, ephemeral: bool) -> None:
+        self.id = sid
+        self.state = state
+        self.outbox = outbox
+        self.ephemeral = ephemeral
+        self.idle = trio.CancelScope(deadline=math.inf)
+        self.ended = trio.Event()
+
+    @property
+    def session(self) -> Session:
+        session: Session = self.state.session
+        return session
+
+    def touch(self) -> None:
+        busy = self.outbox.streams or self.outbox.get_stream is not None
+        self.idle.deadline = math.inf if busy else trio.current_time() + SESSION_IDLE
+
+
+class _Reply(Exception):
+    """A plain (non-streamed) HTTP answer, raised from anywhere in a request's handling."""
+
+    def __init__(
+        self, status: int, body: bytes = b"", headers: list[tuple[str, str]] | None = None
+    ):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def _rpc_error(status: int, code: int, message: str, reason: str, msg_id: Any = None) -> _Reply:
+    body = error_response(msg_id, code, message, {"reason": reason}).rstrip(b"\n")
+    return _Reply(status, body, [("content-type", "application/json")])
+
+
+class HttpEndpoint:
+    def __init__(
+        self,
+        host: SessionHost,
+        bind: tuple[str, int],
+        *,
+        allow_remote: bool = False,
+        max_body: int = 16 * 1024 * 1024,
+        session_buffer: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.host = host
+        self.bind = bind
+        self.allow_remote = allow_remote
+        self.max_body = max_body
+        self.session_buffer = session_buffer
+        self.sessions: dict[str, _HttpSession] = {}
+        self.port: int | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        if not (self.allow_remote or bind_is_loopback(self.bind[0])):
+            raise ValueError(f"refusing to serve on {self.bind[0]}: not loopback")
+        listeners = await trio.open_tcp_listeners(self.bind[1], host=self.bind[0])
+        sock = listeners[0].socket
+        self.port = sock.getsockname()[1]
+        self.host.log("info", "HTTP endpoint listening", url=f"http://{self._url_host()}{PATH}")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started(self.port)
+            try:
+                await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
+            finally:
+                for hs in list(self.sessions.values()):
+                    hs.session.close("the daemon is shutting down")
+
+    def _url_host(self) -> str:
+        host = self.bind[0]
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        import h11
+
+        try:
+            peer = stream.socket.getpeername()
+            local = stream.socket.getsockname()
+            peer_loopback = ipaddress.ip_address(peer[0]).is_loopback
+            if peer_loopback:
+                uid = loopback_peer_uid((peer[0], peer[1]), (local[0], local[1]))
+                if uid != os.getuid():
+                    self.host.log(
+                        "warning", "refused an HTTP connection from another user", uid=uid
+                    )
+                    await stream.aclose()
+                    return
+            elif not self.allow_remote:
+                await stream.aclose()
+                return
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+            while True:
+                got = await self._read_request(stream, conn)
+                if got is None:
+                    break
+                request, body = got
+                await self._respond(stream, conn, request, body, peer_loopback)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    break
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+            pass  # the client went away or spoke broken HTTP: only its connection ends
+        except Exception as exc:  # one connection must never end the endpoint
+            self.host.log("error", f"HTTP connection failed: {type(exc).__name__}: {exc}")
+        finally:
+            with trio.move_on_after(1.0, shield=True):
+                await stream.aclose()
+
+    async def _read_request(
+        self, stream: trio.SocketStream, conn: h11.Connection
+    ) -> tuple[h11.Request, bytes] | None:
+        import h11
+
+        request: h11.Request | None = None
+        body = bytearray()
+        first = True
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                bound = KEEPALIVE_IDLE if first and request is None else HEADER_TIMEOUT
+                with trio.move_on_after(bound) as scope:
+                    data = await stream.receive_some(65536)
+                if scope.cancelled_caught:
+                    return None
+                first = False
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > self.max_body:
+                    await self._send_plain(
+                        stream, conn, _Reply(413, b"request body too large"), close=True
+                    )
+                    return None
+            elif isinstance(event, h11.EndOfMessage):
+                assert request is not None
+                return request, bytes(body)
+            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return None
+
+    async def _send(self, stream: trio.SocketStream, conn: h11.Connection, event: Any) -> None:
+        data = conn.send(event)
+        if data:
+            await stream.send_all(data)
+
+    async def _send_plain(
+        self, stream: trio.SocketStream, conn: h11.Connection, reply: _Reply, close: bool = False
+    ) -> None:
+        import h11
+
+        headers = [
+            ("server", SERVER_NAME.decode()),
+            ("content-length", str(len(reply.body))),
+            *reply.headers,
+        ]
+        if close:
+            headers.append(("connection", "close"))
+        await self._send(
+            stream,
+            conn,
+            h11.Response(status_code=reply.status, headers=headers, reason=_reason(reply.status)),
+        )
+        if reply.body:
+            await self._send(stream, conn, h11.Data(data=reply.body))
+        await self._send(stream, conn, h11.EndOfMessage())
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def _respond(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        request: h11.Request,
+        body: bytes,
+        peer_loopback: bool,
+    ) -> None:
+        headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
+        try:
+            reply = await self._route(stream, conn, request, headers, body, peer_loopback)
+        except _Reply as exc:
+            reply = exc
+        if reply is not None:
+            await self._send_plain(stream, conn, reply)
+
+    async def _route(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        request: h11.Request,
+        headers: dict[str, str],
+        body: bytes,
+        peer_loopback: bool,
+    ) -> _Reply | None:
+        if not origin_allowed(headers.get("origin")):
+            raise _rpc_error(
+                403, INVALID_REQUEST, "Forbidden", "the Origin is not a loopback origin"
+            )
+        if not self.allow_remote and not is_loopback_host(headers.get("host", "")):
+            raise _rpc_error(403, INVALID_REQUEST, "Forbidden", "the Host is not a loopback name")
+        target = request.target.decode("latin-1").partition("?")[0]
+        if target != PATH:
+            raise _Reply(404, b"not found: mcpool serves MCP at /mcp")
+        method = request.method.decode()
+        version = headers.get("mcp-protocol-version")
+        if version is not None and version not in (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS):
+            raise _rpc_error(
+                400, INVALID_REQUEST, "Bad Request", f"unsupported MCP-Protocol-Version {version}"
+            )
+        if method == "POST":
+            return await self._post(stream, conn, headers, body, peer_loopback)
+        if method == "GET":
+            return await self._get(stream, conn, headers)
+        if method == "DELETE":
+            hs = self._session_of(headers, required=True)
+            assert hs is not None
+            hs.session.close("the client ended the session")
+            return _Reply(200)
+        raise _Reply(405, b"", [("allow", "GET, POST, DELETE")])
+
+    def _session_of(self, headers: dict[str, str], *, required: bool) -> _HttpSession | None:
+        sid = headers.get("mcp-session-id")
+        if sid is None:
+            if required:
+                raise _rpc_error(
+                    400, INVALID_REQUEST, "Bad Request", "an Mcp-Session-Id header is required"
+                )
+            return None
+        hs = self.sessions.get(sid)
+        if hs is None or hs.session.closed:
+            raise _rpc_error(404, INVALID_REQUEST, "Session not found", f"no session {sid}")
+        return hs
+
+    async def _post(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        headers: dict[str, str],
+        body: bytes,
+        peer_loopback: bool,
+    ) -> _Reply | None:
+        ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise _rpc_error(
+                415, INVALID_REQUEST, "Unsupported Media Type", "send application/json"
+            )
+        accept = headers.get("accept", "*/*").lower()
+        sse = "text/event-stream" in accept or "*/*" in accept
+        if not (sse or "application/json" in accept):
+            raise _rpc_error(
+                406,
+                INVALID_REQUEST,
+                "Not Acceptable",
+                "accept application/json or text/event-stream",
+            )
+        try:
+            decoded = decode(body)
+        except McpoolError as exc:
+            obj = exc.to_error_object()
+            raise _Reply(
+                400,
+                error_response(None, obj.code, obj.message, obj.data).rstrip(b"\n"),
+                [("content-type", "application/json")],
+            ) from None
+        messages = decoded if isinstance(decoded, list) else [decoded]
+        requests = [m for m in messages if m.is_request]
+        extra: list[tuple[str, str]] = []
+        hs = self._session_of(headers, required=False)
+        if hs is None:
+            modern = headers.get("mcp-protocol-version") in MODERN_VERSIONS
+            if not any(m.method == "initialize" for m in requests) and not modern:
+                raise _rpc_error(
+                    400, INVALID_REQUEST, "Bad Request", "an Mcp-Session-Id header is required"
+                )
+            hs = self._new_session(
+                headers,
+                peer_loopback,
+                ephemeral=modern and not any(m.method == "initialize" for m in requests),
+            )
+            if not hs.ephemeral:
+                extra.append(("mcp-session-id", hs.id))
+        if not requests:
+            hs.session.handle_line(body)
+            hs.touch()
+            return _Reply(202, b"", extra)
+        out = Stream(hs.outbox, kind="post", json=not sse)
+        hs.outbox.open(out, requests)
+        hs.touch()
+        hs.session.handle_line(body)
+        try:
+            await self._stream(stream, conn, out, extra)
+        finally:
+            out.close()
+            if hs.ephemeral:
+                hs.session.close("the request is over")
+            hs.touch()
+        return None
+
+    async def _get(
+        self, stream: trio.SocketStream, conn: h11.Connection, headers: dict[str, str]
+    ) -> _Reply | None:
+        if "text/event-stream" not in headers.get("accept", "").lower():
+            raise _Reply(405, b"", [("allow", "POST, DELETE")])
+        hs = self._session_of(headers, required=True)
+        assert hs is not None
+        if hs.outbox.get_stream is not None:
+            raise _rpc_error(409, INVALID_REQUEST, "Conflict", "this session's GET stream is open")
+        out = Stream(hs.outbox, kind="get")
+        hs.outbox.open_get(out)
+        hs.touch()
+        try:
+            await self._stream(stream, conn, out, [])
+        finally:
+            out.close()
+            hs.touch()
+        return None
+
+    async def _stream(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        out: Stream,
+        extra: list[tuple[str, str]],
+    ) -> None:
+        """Write `out` as the response body until it closes or the client goes away."""
+        import h11
+
+        if out.json:
+            chunks = [chunk async for chunk in out.receive]
+            for chunk in chunks:
+                out.sent(chunk)
+            await self._send_plain(
+                stream,
+                conn,
+                _Reply(200, b"".join(chunks), [("content-type", "application/json"), *extra]),
+            )
+            return
+        await self._send(
+            stream,
+            conn,
+            h11.Response(
+                status_code=200,
+                reason=b"OK",
+                headers=[
+                    ("server", SERVER_NAME.decode()),
+                    ("content-type", "text/event-stream"),
+                    ("cache-control", "no-cache"),
+                    *extra,
+                ],
+            ),
+        )
+        gone = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                # The client may close the connection at any time; h11 keeps what it pipelines.
+                nonlocal gone
+                while True:
+                    try:
+                        data = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
+                    if not data:
+                        gone = True
+                        nursery.cancel_scope.cancel()
+                        return
+                    conn.receive_data(data)
+
+            nursery.start_soon(watch)
+            async for chunk in out.receive:
+                await self._send(stream, conn, h11.Data(data=chunk))
+                out.sent(chunk)
+            nursery.cancel_scope.cancel()
+        if gone:
+            raise trio.BrokenResourceError("the client closed the stream")
+        await self._send(stream, conn, h11.EndOfMessage())
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _new_session(
+        self, headers: dict[str, str], peer_loopback: bool, *, ephemeral: bool
+    ) -> _HttpSession:
+        try:
+            named = parse_settings_header(headers.get(SETTINGS_HEADER))
+        except ValueError as exc:
+            raise _rpc_error(400, INVALID_REQUEST, "Bad Request", str(exc)) from None
+        if named is not None and not peer_loopback:
+            raise _rpc_error(
+                403,
+                INVALID_REQUEST,
+                "Forbidden",
+                "X-Mcpool-Settings is accepted from loopback only",
+            )
+        sources = named if named is not None else [self.host.config_path]
+        outbox = SessionOutbox(self.session_buffer)
+        state = self.host.open_session(outbox, name="http", sources=sources, peer="http")
+        sid = secrets.token_urlsafe(24)
+        hs = _HttpSession(sid, state, outbox, ephemeral=ephemeral)
+        outbox.on_idle = hs.touch
+        self.sessions[sid] = hs
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_session, hs)
+        return hs
+
+    async def _run_session(self, hs: _HttpSession) -> None:
+        session = hs.session
+        reason = "the client disconnected"
+        try:
+            async with trio.open_nursery() as nursery:
+                session.on_close = lambda _s: nursery.cancel_scope.cancel()
+                nursery.start_soon(session.run_notifier)
+                nursery.start_soon(self.host.apply_to_session, hs.state)
+                hs.touch()
+                with hs.idle:
+                    await trio.sleep_forever()
+                reason = f"no HTTP request for {SESSION_IDLE:g} s"
+                nursery.cancel_scope.cancel()
+        finally:
+            self.sessions.pop(hs.id, None)
+            hs.outbox.close()
+            self.host.close_session(hs.state, reason)
+            hs.ended.set()
+
+
+__all__ = [
+    "HttpEndpoint",
+    "SessionHost",
+    "SessionOutbox",
+    "Stream",
+    "bind_is_loopback",
+    "is_loopback_host",
+    "loopback_peer_uid",
+    "origin_allowed",
+    "parse_bind",
+    "parse_settings_header",
+]

@@ -1,0 +1,484 @@
+"""HTTP upstream connections: streamable HTTP (`httpUrl`, `"type": "http"`) and HTTP+SSE (`url`).
+
+Theory of operation: `HttpUpstream` is a `StdioUpstream` whose wire is HTTP instead of a pipe. The
+JSON-RPC half of the base class is used unchanged: ids minted per connection and never reused
+(P2), the pending map and `call`, `_dispatch` (ping and roots/list answered here, notifications
+and server-to-client requests to the entry's event sink), era detection and the handshake. Only
+the transport is replaced: `_write` queues an encoded message for the sender task, and `run` is
+the single owner of the HTTP client, which it opens, uses and closes (STYLE: one owner task).
+
+Streamable HTTP: every message is one POST. A request's POST answers with JSON or with an SSE
+stream that carries the response and whatever the server sends in relation to it; messages from
+that stream are dispatched with the stream's request id as the *related* request, so a sampling
+or elicitation request reaches the session that made the call (`related_handle`, P5). After the
+handshake a GET stream carries the server's unrelated messages (list_changed, resources/updated).
+HTTP+SSE (2024-11-05): one GET stream carries every server message; its first event names the
+URL messages are POSTed to.
+
+Failure (L3): a connection error, the end of the SSE transport's stream, or a server that no
+longer knows our session (HTTP 404; or 400 naming the session, as server-everything's example
+server answers) closes the connection with that reason. In-flight requests fail at once and
+`run` returns, so the pool's supervisor reconnects with backoff: a fresh handshake and a fresh
+listing, never a stale session that reports success.
+
+The HTTP client (httpx2, which the `mcp` SDK is built on) is imported only when an HTTP upstream
+starts: a daemon with only stdio servers never loads it. We speak the transport ourselves rather
+than through the SDK's transports because they do not say which stream a message arrived on,
+turn a 404 into an ordinary error reply, and would round-trip every message through pydantic.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit
+
+import msgspec
+import trio
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool.protocol import MODERN_VERSION, McpoolError, Message, UpstreamUnavailable
+
+from . import _eras
+from ._spec import TransportIdentity, redact_url
+from ._upstream import UPSTREAM_WRITE_BUFFER, StdioUpstream, UpstreamEvents
+
+if TYPE_CHECKING:
+    import httpx2
+
+# Closing: the DELETE that ends our session on the server is a courtesy; never wait long for it.
+CLOSE_GRACE = 2.0
+# A server that ends the GET stream without a `retry` field: reconnect after this (as the SDKs).
+GET_RETRY = 1.0
+# An error body is only quoted in the error a request gets; more than this is not worth reading.
+MAX_ERROR_BODY = 64 * 1024
+KEEPALIVE_CONNECTIONS = 8  # idle connections kept to one server; open streams are not limited
+NOTES = "[mcpool]"  # prefix of the transport events kept in stderr_tail (`daemonctl logs NAME`)
+
+_MIME_JSON = "application/json"
+_MIME_SSE = "text/event-stream"
+
+
+class _Head(msgspec.Struct):
+    """Just enough of an outgoing message to know whether it is a request, and its id."""
+
+    id: int | str | UnsetType | None = UNSET
+    method: str | UnsetType = UNSET
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+_any_decoder = msgspec.json.Decoder()
+
+
+def _httpx() -> Any:
+    """The HTTP client module, imported on first use (the memory target: see the module doc)."""
+    try:
+        import httpx2
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise UpstreamUnavailable(
+            "http",
+            "HTTP upstreams need the http extra: pip install 'mcpool[http]'",
+        ) from exc
+    return httpx2
+
+
+class HttpUpstream(StdioUpstream):
+    """One connection to a remote MCP server; same interface as `StdioUpstream`."""
+
+    # Tests put a fake server here (an `httpx2.MockTransport` factory), as httpcore takes a
+    # `network_backend=`; None is the real network.
+    transport_factory: Callable[[], Any] | None = None
+
+    def __init__(
+        self,
+        identity: TransportIdentity,
+        events: UpstreamEvents,
+        *,
+        guardian: Any = None,
+        max_line: int,
+        handshake_timeout: float,
+        roots: tuple[str, ...] = (),
+    ) -> None:
+        # No process group: the guardian has nothing to kill for a remote server.
+        super().__init__(
+            identity,
+            events,
+            guardian=None,
+            max_line=max_line,
+            handshake_timeout=handshake_timeout,
+            roots=roots,
+        )
+        if not identity.url:
+            raise UpstreamUnavailable(identity.name, f"server '{identity.name}' has no url")
+        self.url: str = identity.url
+        self.session_id: str | None = None
+        self._open = False
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._outbox_bytes = 0
+        self._outbox_wake = trio.Event()
+        self._post_scopes: dict[int, trio.CancelScope] = {}
+        self._related: int | None = None
+        self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
+
+    # -- the StdioUpstream interface ---------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._open and not self._close_requested.is_set()
+
+    @property
+    def related_handle(self) -> Any:
+        """The handle whose request's stream carried the message being dispatched, if any.
+
+        Read by the pool while it routes a server-to-client request (P5): the stream it came on
+        names the request, the request names the session.
+        """
+        if self._related is None:
+            return None
+        return getattr(self._pending.get(self._related), "handle", None)
+
+    def forget(self, uid: int) -> bool:
+        # A cancelled request's POST stream is closed too: nothing on it is wanted any more
+        # (and for a modern server, closing the stream is the cancellation).
+        scope = self._post_scopes.pop(uid, None)
+        if scope is not None:
+            scope.cancel()
+        return super().forget(uid)
+
+    def _write(self, data: bytes) -> None:
+        if not self.alive:
+            return
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        if self._outbox_bytes > UPSTREAM_WRITE_BUFFER:
+            self._drop(f"has more than {UPSTREAM_WRITE_BUFFER} bytes waiting to be sent")
+            return
+        self._outbox_wake.set()
+
+    def _details(self) -> dict[str, Any]:
+        return {"url": redact_url(self.url), "transport": self.identity.kind, "log": self._tail()}
+
+    # -- the owner task -----------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        httpx2 = _httpx()
+        self.started_at = trio.current_time()
+        client = httpx2.AsyncClient(
+            headers=dict(self.identity.headers),
+            # Connecting and writing are bounded; reading is not: a response stream may stay
+            # open as long as a tool runs, and the caller's own timeout covers a silent server.
+            timeout=httpx2.Timeout(self._handshake_timeout, read=None, pool=None),
+            limits=httpx2.Limits(
+                max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS
+            ),
+            follow_redirects=False,
+            transport=self.transport_factory() if self.transport_factory is not None else None,
+        )
+        self._open = True
+        try:
+            async with client:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        if self.identity.kind == "sse":
+                            await nursery.start(self._sse_stream, client)
+                        nursery.start_soon(self._sender, client, nursery)
+                        try:
+                            await self._handshake()
+                        except BaseException:
+                            self.request_close("handshake failed")
+                            raise
+                        if self.era == _eras.MODERN:
+                            nursery.start_soon(self._keep_listening)
+                        elif self.identity.kind == "http" and self.session_id is not None:
+                            nursery.start_soon(self._get_stream, client)
+                        task_status.started(self)
+                        await self._close_requested.wait()
+                        nursery.cancel_scope.cancel()
+                finally:
+                    self._open = False
+                    with trio.move_on_after(CLOSE_GRACE, shield=True):
+                        await self._end_session(client)
+                        await client.aclose()
+        finally:
+            self._open = False
+            self._exited.set()
+            self._fail_pending()
+
+    async def _end_session(self, client: httpx2.AsyncClient) -> None:
+        """Streamable HTTP: tell the server our session is over (it may refuse: 405)."""
+        if self.identity.kind != "http" or self.session_id is None:
+            return
+        with contextlib.suppress(Exception):  # a courtesy to a server that may be gone
+            await client.delete(self.url, headers=self._headers())
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def _sender(self, client: httpx2.AsyncClient, nursery: trio.Nursery) -> None:
+        """POST queued messages in order: a request's POST runs in a task of its own (its
+        answer may be a long stream); notifications and responses are POSTed one at a time, so
+        `notifications/initialized` reaches the server before any request that follows it."""
+        while True:
+            while not self._outbox:
+                await self._outbox_wake.wait()
+                self._outbox_wake = trio.Event()
+            data = self._outbox.popleft()
+            self._outbox_bytes -= len(data)
+            body = data.rstrip(b"\n")
+            try:
+                head = _head_decoder.decode(body)
+            except msgspec.DecodeError:
+                head = _Head()
+            if isinstance(head.method, str) and isinstance(head.id, int | str):
+                scope = trio.CancelScope()
+                if isinstance(head.id, int):
+                    self._post_scopes[head.id] = scope
+                nursery.start_soon(self._post, client, body, head, scope)
+            else:
+                await self._post(client, body, head, trio.CancelScope())
+
+    def _headers(self, method: str | UnsetType = UNSET) -> dict[str, str]:
+        headers = {"accept": f"{_MIME_JSON}, {_MIME_SSE}"}
+        if self.identity.kind == "http":
+            if self.session_id is not None:
+                headers["mcp-session-id"] = self.session_id
+            version = MODERN_VERSION if method == "server/discover" else self.protocol_version
+            if version:
+                headers["mcp-protocol-version"] = version
+        return headers
+
+    async def _post(
+        self, client: httpx2.AsyncClient, body: bytes, head: _Head, scope: trio.CancelScope
+    ) -> None:
+        uid = head.id if isinstance(head.method, str) and isinstance(head.id, int) else None
+        url = self._endpoint or self.url
+        headers = {**self._headers(head.method), "content-type": _MIME_JSON}
+        sent_session = headers.get("mcp-session-id")
+        try:
+            with scope:
+                async with client.stream("POST", url, content=body, headers=headers) as resp:
+                    await self._answer(resp, uid, sent_session)
+        except Exception as exc:  # any failure of the connection or stream ends it
+            self._drop(f"lost its connection to {redact_url(url)} ({_describe(exc)})")
+        finally:
+            if uid is not None and self._post_scopes.get(uid) is scope:
+                del self._post_scopes[uid]
+        if (
+            uid is not None
+            and uid in self._pending
+            and self.identity.kind == "http"
+            and not scope.cancelled_caught
+        ):
+            self._fail_one(uid, "ended the response stream without answering")
+
+    async def _answer(
+        self, resp: httpx2.Response, uid: int | None, sent_session: str | None
+    ) -> None:
+        if self.session_id is None and self.identity.kind == "http":
+            sid = resp.headers.get("mcp-session-id")
+            if sid:
+                self.session_id = sid
+        status = resp.status_code
+        if status >= 400:
+            raw = await _read_capped(resp, MAX_ERROR_BODY)
+            if sent_session is not None and (
+                status == 404 or (status == 400 and b"session" in raw.lower())
+            ):
+                self._drop(
+                    f"no longer knows our session (HTTP {status}): reconnecting with a new one"
+                )
+                return
+            if uid is not None:
+                self._fail_from_body(uid, status, raw)
+            return
+        if uid is None or status == 202:
+            # HTTP+SSE answers every POST with 202: the response comes on the GET stream.
+            if uid is not None and self.identity.kind == "http":
+                self._fail_one(uid, "answered a request with 202 Accepted and no response")
+            return
+        ctype = resp.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if ctype == _MIME_SSE:
+            await self._read_events(resp, related=uid)
+        elif ctype == _MIME_JSON:
+            self._dispatch_related(await _read_capped(resp, self._max_line), uid)
+        else:
+            self._fail_one(uid, f"answered with content type {ctype or 'none'}")
+
+    async def _read_events(self, resp: httpx2.Response, *, related: int | None) -> dict[str, Any]:
+        """Dispatch a response stream's messages; returns its last event id and retry."""
+        last: dict[str, Any] = {}
+        source = _httpx().EventSource(resp, max_event_size=self._max_line)
+        async for sse in source:
+            if sse.id:
+                last["id"] = sse.id
+            if sse.retry is not None:
+                last["retry"] = sse.retry
+            if sse.event in ("message", "") and sse.data:
+                self._dispatch_related(sse.data.encode(), related)
+        return last
+
+    def _dispatch_related(self, data: bytes, related: int | None) -> None:
+        if b"\n" in data or b"\r" in data:
+            # Pretty-printed JSON: sessions relay payloads verbatim on newline-framed streams.
+            with contextlib.suppress(msgspec.DecodeError):  # else _dispatch reports it
+                data = msgspec.json.encode(_any_decoder.decode(data))
+        self._related = related
+        try:
+            self._dispatch(data)
+        finally:
+            self._related = None
+
+    # -- server streams -----------------------------------------------------------------------
+
+    async def _get_stream(self, client: httpx2.AsyncClient) -> None:
+        """Streamable HTTP: the GET stream for server messages unrelated to any request."""
+        last_id: str | None = None
+        retry = GET_RETRY
+        while self.alive:
+            headers = {**self._headers(), "accept": _MIME_SSE}
+            if last_id is not None:
+                headers["last-event-id"] = last_id
+            try:
+                async with client.stream("GET", self.url, headers=headers) as resp:
+                    status = resp.status_code
+                    if status == 405:
+                        return  # the server offers no GET stream: only POST streams
+                    if status >= 400:
+                        raw = await _read_capped(resp, MAX_ERROR_BODY)
+                        if status == 404 or (status == 400 and b"session" in raw.lower()):
+                            self._drop(
+                                f"no longer knows our session (HTTP {status}): "
+                                "reconnecting with a new one"
+                            )
+                        else:
+                            self._note(f"GET stream refused: HTTP {status}")
+                        return
+                    last = await self._read_events(resp, related=None)
+            except Exception as exc:  # any failure of the connection or stream ends it
+                self._drop(f"lost its connection to {redact_url(self.url)} ({_describe(exc)})")
+                return
+            last_id = last.get("id", last_id)
+            if isinstance(last.get("retry"), int):
+                retry = last["retry"] / 1000.0
+            self._note(f"the server ended the GET stream; reopening in {retry:g} s")
+            await trio.sleep(retry)
+
+    async def _sse_stream(
+        self,
+        client: httpx2.AsyncClient,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """HTTP+SSE: the one stream; started once it names the endpoint messages go to."""
+        started = False
+        try:
+            async with client.stream("GET", self.url, headers={"accept": _MIME_SSE}) as resp:
+                if resp.status_code != 200:
+                    raise UpstreamUnavailable(
+                        self.name,
+                        f"server '{self.name}' answered the SSE request with HTTP "
+                        f"{resp.status_code}",
+                        url=redact_url(self.url),
+                    )
+                async for sse in _httpx().EventSource(resp, max_event_size=self._max_line):
+                    if sse.event == "endpoint":
+                        endpoint = urljoin(self.url, sse.data.strip())
+                        if _origin(endpoint) != _origin(self.url):
+                            raise UpstreamUnavailable(
+                                self.name,
+                                f"server '{self.name}' named a message endpoint on another "
+                                "origin; refused",
+                                url=redact_url(self.url),
+                            )
+                        self._endpoint = endpoint
+                        if not started:
+                            started = True
+                            task_status.started()
+                    elif sse.event in ("message", "") and sse.data and started:
+                        self._dispatch_related(sse.data.encode(), None)
+            reason = "ended its SSE stream"
+        except McpoolError:
+            raise
+        except Exception as exc:  # any failure of the connection or stream ends it
+            if not started:
+                raise UpstreamUnavailable(
+                    self.name,
+                    f"server '{self.name}' could not be reached at {redact_url(self.url)}: "
+                    f"{_describe(exc)}",
+                    url=redact_url(self.url),
+                ) from exc
+            reason = f"lost its connection to {redact_url(self.url)} ({_describe(exc)})"
+        if not started:
+            raise UpstreamUnavailable(
+                self.name,
+                f"server '{self.name}' ended its SSE stream before naming its message endpoint",
+                url=redact_url(self.url),
+            )
+        self._drop(reason)
+
+    # -- failures -----------------------------------------------------------------------------
+
+    def _drop(self, reason: str) -> None:
+        """The connection is over: say why, fail what is in flight, and let `run` return."""
+        if not self._close_requested.is_set():
+            self._note(reason)
+        self.request_close(reason)
+        self._fail_pending()
+
+    def _fail_one(self, uid: int | None, what: str) -> None:
+        if uid is None:
+            return
+        cb = self._pending.pop(uid, None)
+        if cb is None:
+            return
+        err = UpstreamUnavailable(self.name, f"server '{self.name}' {what}", **self._details())
+        cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(err.to_error_object()))))
+
+    def _fail_from_body(self, uid: int, status: int, raw: bytes) -> None:
+        """A non-2xx answer to a request: its JSON-RPC error if the body is one, else ours."""
+        try:
+            body = _any_decoder.decode(raw)
+        except msgspec.DecodeError:
+            body = None
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), int):
+            cb = self._pending.pop(uid, None)
+            if cb is not None:
+                cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(error))))
+            return
+        self._fail_one(uid, f"answered HTTP {status}")
+
+    def _note(self, text: str) -> None:
+        self.stderr_tail.append(f"{NOTES} {text}")
+
+    def _tail(self) -> list[str]:
+        return list(self.stderr_tail)[-5:]
+
+
+async def _read_capped(resp: httpx2.Response, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+__all__ = ["HttpUpstream"]
