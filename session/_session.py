@@ -721,11 +721,21 @@ class Session:
         name = p.get("name")
         route = gen.tool_route(name) if isinstance(name, str) else None
         if route is None:
-            raise InvalidParams(
-                f"unknown tool: {name}: no server of this session exposes it",
-                message=f"Unknown tool: {name}",
-                tool=name,
+            # A tool error, as the SDKs' own servers answer it: the model sees the text and can
+            # pick another tool (a JSON-RPC error would surface as a client failure instead).
+            self.send_result(
+                msg,
+                {
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": f"Unknown tool: {name} (no server of this session exposes it)",
+                        }
+                    ],
+                    "isError": True,
+                },
             )
+            return
         p["name"] = route.upstream_name
         self._forward(msg, route.view, "tools/call", p)
 

@@ -16,9 +16,8 @@ PY=${PYTHON:-$REPO/.venv/bin/python}
 # shellcheck disable=SC1091
 . .peers/env.sh
 
-# Checks that pass directly only because server-everything lacks the suite's test tools, and
-# how mcpool answers differently (see README, Conformance).
-KNOWN="tools-call-simple-text tools-call-error"
+# Checks allowed to differ, each with its reason (see README, Conformance). None today.
+KNOWN=""
 
 START_TIMEOUT=20 # seconds for node and the daemon to start listening
 CHECK_TIMEOUT=120 # one suite run; it takes about 2 s here

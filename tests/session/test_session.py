@@ -362,7 +362,9 @@ async def test_rename_changes_lookup_and_listing_atomically(nursery: trio.Nurser
     send(
         session, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "srv__old"}}
     )
-    assert out.responses()[-1]["error"]["message"] == "Unknown tool: srv__old"
+    gone = out.responses()[-1]["result"]
+    assert gone["isError"] is True
+    assert gone["content"][0]["text"].startswith("Unknown tool: srv__old")
     send(
         session,
         {
