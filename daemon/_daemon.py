@@ -403,10 +403,10 @@ class Daemon:
             raw.close()
 
     async def _serve_peer(self, fd: int, peer_pid: int) -> None:
-        writer = FdWriter(fd, self.options.session_buffer_bytes)
         framer = LineFramer(self.options.max_message_bytes)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(writer.run)
+            # No writer task while nothing is queued: an idle session costs no task for it.
+            writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
             pending: list[bytes] = []
             first: Message | None = None
             with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
@@ -510,7 +510,7 @@ class Daemon:
         try:
             async with trio.open_nursery() as nursery:
                 session.on_close = lambda _s: nursery.cancel_scope.cancel()
-                nursery.start_soon(session.run_notifier)
+                session.spawn = nursery.start_soon  # a notifier task only while one is due
                 nursery.start_soon(self.apply_to_session, state)
                 for line in pending:
                     session.handle_line(line)

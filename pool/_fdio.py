@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -32,7 +33,14 @@ class WriterClosed(Exception):
 class FdWriter:
     """Writes to a non-blocking fd directly, queueing only what the kernel would not accept."""
 
-    def __init__(self, fd: int, max_buffer: int) -> None:
+    def __init__(
+        self, fd: int, max_buffer: int, *, spawn: Callable[[Callable[[], Awaitable[None]]], None]
+        | None = None
+    ) -> None:
+        # With `spawn`, a drain task exists only while data is queued (most writes never queue,
+        # and an idle session should not hold a task); without it, the owner runs `run()`.
+        self._spawn = spawn
+        self._draining = False
         self._fd = fd
         self._max_buffer = max_buffer
         self._chunks: list[bytes] = []
@@ -69,6 +77,9 @@ class FdWriter:
         self._buffered += len(data)
         self._drained = trio.Event() if self._drained.is_set() else self._drained
         self._wake.set()
+        if self._spawn is not None and not self._draining:
+            self._draining = True
+            self._spawn(self._drain)
 
     def _fail(self, reason: str) -> None:
         if not self.closed:
@@ -84,6 +95,32 @@ class FdWriter:
 
     async def wait_drained(self) -> None:
         await self._drained.wait()
+
+    async def _drain(self) -> None:
+        try:
+            while self._chunks and not self.closed:
+                await trio.lowlevel.wait_writable(self._fd)
+                self._flush()
+            if not self._chunks:
+                self._drained.set()
+        finally:
+            self._draining = False
+
+    def _flush(self) -> None:
+        while self._chunks:
+            chunk = self._chunks[0]
+            try:
+                n = os.write(self._fd, chunk)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+                return
+            self._buffered -= n
+            if n == len(chunk):
+                self._chunks.pop(0)
+            else:
+                self._chunks[0] = chunk[n:]
 
     async def run(self) -> None:
         """Drain queued data as the fd becomes writable; returns when the writer is closed."""

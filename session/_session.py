@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -284,6 +284,10 @@ class Session:
         self.inflight: dict[Any, _InFlight] = {}
         self.pending_kinds: set[str] = set()
         self._notify_wake = trio.Event()
+        # With `spawn` set (the daemon's connections), a notifier task exists only while
+        # notifications are pending; without it the owner runs `run_notifier()`.
+        self.spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None
+        self._notifying = False
         self.settings_generation = 0
         self._reconciling = False
         self._dirty = False
@@ -410,6 +414,9 @@ class Session:
         if changed and self.initialized and not self.closed:
             self.pending_kinds.update(changed)
             self._notify_wake.set()
+            if self.spawn is not None and not self._notifying:
+                self._notifying = True
+                self.spawn(self._notify_pending)
 
     def _become_ready(self) -> None:
         self.ready = True
@@ -422,23 +429,33 @@ class Session:
         while not self.closed:
             await self._notify_wake.wait()
             self._notify_wake = trio.Event()
-            if self.out.buffered:
-                await self.out.wait_drained()
-            kinds, self.pending_kinds = self.pending_kinds, set()
-            for kind in LIST_KINDS:
-                if kind not in kinds:
-                    continue
-                method = f"notifications/{kind}/list_changed"
-                if self.era is not MODERN:
+            await self._send_pending()
+
+    async def _notify_pending(self) -> None:
+        try:
+            while self.pending_kinds and not self.closed:
+                await self._send_pending()
+        finally:
+            self._notifying = False
+
+    async def _send_pending(self) -> None:
+        if self.out.buffered:
+            await self.out.wait_drained()
+        kinds, self.pending_kinds = self.pending_kinds, set()
+        for kind in LIST_KINDS:
+            if kind not in kinds:
+                continue
+            method = f"notifications/{kind}/list_changed"
+            if self.era is not MODERN:
+                self.notifications_sent += 1
+                self.send(notification(method))
+                continue
+            # 2026-07-28: only on the listen streams that asked, stamped with their id.
+            for listen_id, listen in list(self.listens.items()):
+                if kind in listen.kinds:
                     self.notifications_sent += 1
-                    self.send(notification(method))
-                    continue
-                # 2026-07-28: only on the listen streams that asked, stamped with their id.
-                for listen_id, listen in list(self.listens.items()):
-                    if kind in listen.kinds:
-                        self.notifications_sent += 1
-                        stamp = {"_meta": {META_SUBSCRIPTION_ID: listen_id}}
-                        self.send(notification(method, stamp))
+                    stamp = {"_meta": {META_SUBSCRIPTION_ID: listen_id}}
+                    self.send(notification(method, stamp))
 
     # -- output --------------------------------------------------------------------------------
 
