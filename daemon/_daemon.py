@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import errno
 import fcntl
 import os
@@ -66,7 +67,6 @@ from mcpool.session import (
 
 from . import _paths
 from ._log import JsonLinesLog, normalize_level
-from ._watch import SettingsWatcher
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -75,6 +75,7 @@ from ._settings import (
     read_settings_file,
     settings_base_dir,
 )
+from ._watch import SettingsWatcher
 
 LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
@@ -263,7 +264,7 @@ class Daemon:
             return results
 
     def _restart_crash_looped(self, st: _SessionState, paths: set[str]) -> None:
-        """A settings change to a crash-looping server gives it a fresh start (issue: supervision)."""
+        """A settings change to a crash-looping server gives it a fresh start."""
         assert self.pool is not None
         for view in st.session.views.values():
             entry = view.handle.entry if view.handle else None
@@ -322,10 +323,8 @@ class Daemon:
                             await self.pool.aclose()
                 pool_nursery.cancel_scope.cancel()
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.sock_path)
-            except OSError:
-                pass
             if self.guardian is not None:
                 self.guardian.close()
             self.log("info", "daemon stopped")
@@ -333,10 +332,9 @@ class Daemon:
 
     def _listen(self) -> trio.socket.SocketType:
         sock_dir = os.path.dirname(self.sock_path)
-        try:
-            os.unlink(self.sock_path)  # we hold the lock: any socket file left here is stale
-        except FileNotFoundError:
-            pass
+        # We hold the lock: any socket file left here is stale.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock_path)
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
@@ -382,7 +380,7 @@ class Daemon:
             raw.setblocking(False)
             if peer_uid != os.getuid():
                 self.log("warning", "refused a connection from another user", uid=peer_uid)
-                try:
+                with contextlib.suppress(OSError):
                     raw.send(
                         error_response(
                             None,
@@ -391,8 +389,6 @@ class Daemon:
                             {"reason": f"uid {peer_uid} is not the daemon's uid {os.getuid()}"},
                         )
                     )
-                except OSError:
-                    pass
                 await _linger_close(raw.fileno())
                 return
             await self._serve_peer(raw.fileno(), peer_pid)
@@ -433,7 +429,9 @@ class Daemon:
                             pending.append(line)
                             break
                         first = decoded
-                        if not (isinstance(first.method, str) and first.method.startswith("mcpool/")):
+                        if not (
+                            isinstance(first.method, str) and first.method.startswith("mcpool/")
+                        ):
                             pending.append(line)
                     pending.extend(lines)
             if first is None:
@@ -451,7 +449,7 @@ class Daemon:
     async def _fail_and_close(self, fd: int, writer: FdWriter, exc: McpoolError) -> None:
         try:
             writer.write(self._error_line(None, exc))
-        except Exception:  # noqa: BLE001 - the peer is being dropped anyway
+        except Exception:
             return
         with trio.move_on_after(1.0):
             await writer.wait_drained()
@@ -480,7 +478,8 @@ class Daemon:
                 params = msgspec.json.decode(first.params) if first.params is not UNSET else {}
                 if not isinstance(params, dict):
                     raise ValueError("params must be an object")
-                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]
+                # abspath is string work on absolute paths (the bridge sends them): no I/O.
+                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]  # noqa: ASYNC240
                 cwd = params.get("cwd")
                 name = str(params.get("name") or "session")
             except (ValueError, msgspec.DecodeError) as exc:
@@ -826,11 +825,13 @@ class Daemon:
                 found.extend(tail)
         if not matched:
             raise McpoolError(
-                f"no server is named {name!r}", message=f"Unknown server {name}", code=INVALID_PARAMS
+                f"no server is named {name!r}",
+                message=f"Unknown server {name}",
+                code=INVALID_PARAMS,
             )
         return {"lines": found[-lines:]}
 
-    async def _admin_setServer(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+    async def _admin_setServer(self, params: dict[str, Any]) -> dict[str, Any]:
         st = self._session_state(params)
         name = str(params.get("name"))
         entry = parse_server_entry(name, params.get("entry"))
@@ -1012,12 +1013,10 @@ def _tree_rss(pid: int | None, children: bool = True) -> int | None:
         total = proc.memory_info().rss
         if children:
             for child in proc.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.Error):
                     total += child.memory_info().rss
-                except psutil.Error:
-                    pass
         return int(total)
-    except Exception:  # noqa: BLE001 - a process may vanish between the two calls
+    except Exception:
         return None
 
 

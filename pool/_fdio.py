@@ -34,8 +34,11 @@ class FdWriter:
     """Writes to a non-blocking fd directly, queueing only what the kernel would not accept."""
 
     def __init__(
-        self, fd: int, max_buffer: int, *, spawn: Callable[[Callable[[], Awaitable[None]]], None]
-        | None = None
+        self,
+        fd: int,
+        max_buffer: int,
+        *,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
     ) -> None:
         # With `spawn`, a drain task exists only while data is queued (most writes never queue,
         # and an idle session should not hold a task); without it, the owner runs `run()`.

@@ -12,6 +12,7 @@ guard every eviction, because one key outlives many entries.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -241,10 +242,8 @@ class Pool:
         """Past the shutdown bound: SIGKILL every upstream process group now."""
         for entry in self._entries.values():
             if entry.upstream is not None and entry.upstream.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.upstream.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
 
     async def aclose(self) -> None:
         """Close every entry (L4 each), bounded."""
@@ -304,7 +303,9 @@ class Pool:
                 continue
             now = trio.current_time()
             entry.failures.append(now)
-            entry.failures = [t for t in entry.failures if now - t <= self.options.crash_loop_window]
+            entry.failures = [
+                t for t in entry.failures if now - t <= self.options.crash_loop_window
+            ]
             entry.last_error = error or "exited"
             entry.ready.set()
             if is_crash_loop(
@@ -360,7 +361,7 @@ class Pool:
                 entry.publish(snapshot)
                 entry.ready.set()
                 events.started(nursery)
-        except Exception as exc:  # noqa: BLE001 - one boundary: any failure becomes a restart
+        except Exception as exc:
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:
@@ -407,7 +408,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def list_all(upstream: StdioUpstream, method: str, field: str, timeout: float) -> tuple[dict[str, Any], ...]:
+async def list_all(
+    upstream: StdioUpstream, method: str, field: str, timeout: float
+) -> tuple[dict[str, Any], ...]:
     items: list[dict[str, Any]] = []
     cursor: str | None = None
     for _ in range(MAX_LIST_PAGES):
@@ -522,7 +525,7 @@ class _EntryEvents:
                 self.pool.log(
                     "warning",
                     f"server '{entry.name}' sent {msg.method} that no single session owns "
-                    f"({reason}); set \"scope\": \"session\" for this server so each session "
+                    f'({reason}); set "scope": "session" for this server so each session '
                     "has its own process and such requests always reach it",
                     server=entry.name,
                 )

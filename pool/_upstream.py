@@ -351,7 +351,7 @@ class StdioUpstream:
                 stdout=out_w,
                 stderr=err_w,
                 env=env,
-                cwd=ident.cwd if ident.cwd and os.path.isdir(ident.cwd) else None,
+                cwd=_usable_dir(ident.cwd),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -635,6 +635,11 @@ class StdioUpstream:
 
 def _client_info() -> dict[str, Any]:
     return {"name": "mcpool", "version": __version__}
+
+
+def _usable_dir(path: str | None) -> str | None:
+    """The server's folder if it exists (one stat; a missing one must not fail the spawn)."""
+    return path if path and os.path.isdir(path) else None
 
 
 def _killpg(pgid: int, sig: int) -> None:

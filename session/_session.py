@@ -464,7 +464,7 @@ class Session:
             return
         try:
             self.out.write(data)
-        except Exception as exc:  # noqa: BLE001 - the writer failing means this session is over
+        except Exception as exc:
             self.close(str(exc))
 
     def reply(self, msg_id: Any, data: bytes) -> None:

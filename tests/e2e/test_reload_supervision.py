@@ -270,4 +270,3 @@ async def test_daemon_options_reload_live_and_a_socket_change_asks_for_a_restart
 
 async def _option_is(d: DaemonProcess, name: str, value: Any) -> bool:
     return bool((await d.ctl("status"))["options"].get(name) == value)
-
