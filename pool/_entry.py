@@ -216,6 +216,7 @@ class PoolEntry:
         self.progress_routes: dict[str, tuple[Handle, Any]] = {}
         self._next_progress = 1
         self.stderr_history: list[str] = []
+        self.era: str | None = None  # the era the last connection found (P1: cached per entry)
 
     @property
     def name(self) -> str:

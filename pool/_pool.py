@@ -234,6 +234,7 @@ class Pool:
         if entry.state not in TERMINAL_STATES:
             entry.failures.clear()
             entry.last_error = None
+            entry.era = None  # an explicit restart detects the era afresh
             entry.restart_requested.set()
             if entry.upstream is not None:
                 entry.upstream.request_close("restart requested")
@@ -308,7 +309,9 @@ class Pool:
             ]
             entry.last_error = error or "exited"
             entry.ready.set()
-            if is_crash_loop(
+            # A remote server that is down is waited for (at the backoff cap); a local one that
+            # keeps dying is broken until someone changes something.
+            if entry.identity.kind == "stdio" and is_crash_loop(
                 entry.failures,
                 now=now,
                 window=self.options.crash_loop_window,
@@ -348,6 +351,7 @@ class Pool:
             roots=tuple(entry.settings.roots) or entry.identity.roots,
         )
         events.upstream = upstream
+        upstream.known_era = entry.era
         failure: str | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -355,6 +359,7 @@ class Pool:
                     await nursery.start(upstream.run)
                     snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
                 entry.upstream = upstream
+                entry.era = upstream.era
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)

@@ -149,6 +149,9 @@ class StdioUpstream:
         self.server_info: dict[str, Any] = {}
         self.instructions: str | None = None
         self.era = _eras.HANDSHAKE
+        # Set by the pool from this entry's last connection: a server known to be handshake-era
+        # is not probed again on every restart (a silent probe costs PROBE_TIMEOUT each time).
+        self.known_era: str | None = None
         # Modern era only: the level sessions asked for (sent in every request's envelope), the
         # tools whose non-object output is wrapped, and the listen stream's resource set.
         self.log_level: str | None = None
@@ -398,7 +401,7 @@ class StdioUpstream:
 
     async def _handshake(self) -> None:
         """P1: probe `server/discover`, bounded; any error or no answer means `initialize`."""
-        if await self._probe():
+        if self.known_era != _eras.HANDSHAKE and await self._probe():
             return
         try:
             result = await self.call(

@@ -222,6 +222,7 @@ class FakeServer:
     def run_request(self, request_id: Any, method: str, params: Json) -> None:
         handler = self.handlers().get(method)
         if handler is None:
+            log(f"unknown method {method}")
             self.reply_error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
             return
         try:

@@ -270,3 +270,19 @@ async def test_daemon_options_reload_live_and_a_socket_change_asks_for_a_restart
 
 async def _option_is(d: DaemonProcess, name: str, value: Any) -> bool:
     return bool((await d.ctl("status"))["options"].get(name) == value)
+
+
+async def test_a_handshake_era_server_is_not_probed_again_after_a_crash(daemon_factory):
+    d = await daemon_factory(daemon={"backoffInitial": 0.01, "backoffMax": 0.02})
+    settings = write_settings(d.root / "s.json", {"fake": fake_server()})
+    async with d.attach([settings], "era") as session:
+        first = (await session.call_tool("fake__pid", {})).structured_content["pid"]
+        logs = (await d.ctl("logs", "fake"))["lines"]
+        assert "fake-upstream: unknown method server/discover" in logs  # probed once
+        with pytest.raises(MCPError):
+            await session.call_tool("fake__crash", {})
+        with trio.fail_after(WAIT):
+            await wait_until(lambda: _active_with_new_pid(d, first))
+        logs = (await d.ctl("logs", "fake"))["lines"]
+        assert "fake-upstream: unknown method server/discover" not in logs, logs
+        assert (await d.ctl("servers"))[0]["era"] == "handshake"
