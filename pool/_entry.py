@@ -150,6 +150,9 @@ class EntryListener(Protocol):
         ...
 
 
+_NO_URIS: frozenset[str] = frozenset()
+
+
 class Handle:
     """One session's lease on one entry. Identity and settings are captured copies (I2)."""
 
@@ -183,7 +186,8 @@ class Handle:
         # shared handshake-era upstream find their session (P5).
         self.in_flight = 0
         self.log_level: str | None = None
-        self.subscriptions: set[str] = set()
+        # A set only once the session subscribes to something (most never do).
+        self.subscriptions: set[str] | frozenset[str] = _NO_URIS
 
     @property
     def lifecycle_id(self) -> str:
@@ -251,12 +255,15 @@ class PoolEntry:
     def subscribe(self, handle: Handle, uri: str) -> bool:
         """Reference-count a resource subscription; True when the upstream must be told."""
         first = not any(uri in h.subscriptions for h in self.handles.values())
+        if not isinstance(handle.subscriptions, set):
+            handle.subscriptions = set()
         handle.subscriptions.add(uri)
         return first
 
     def unsubscribe(self, handle: Handle, uri: str) -> bool:
         """True when this was the last subscriber and the upstream must be told."""
-        handle.subscriptions.discard(uri)
+        if isinstance(handle.subscriptions, set):
+            handle.subscriptions.discard(uri)
         return not any(uri in h.subscriptions for h in self.handles.values())
 
     def subscribed_uris(self) -> set[str]:

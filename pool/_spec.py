@@ -53,8 +53,32 @@ class ServerSettings(msgspec.Struct, rename="camel", omit_defaults=True, kw_only
 def capture_settings(s: ServerSettings) -> ServerSettings:
     """A deep copy for a holder to keep (I2): `structs.replace` alone would share the caller's
     `args`, `env`, `headers`, `roots` and filter lists, so mutating them in place would reach
-    into a pool entry or handle."""
-    return copy.deepcopy(s)
+    into a pool entry or handle. Equal settings share one captured copy (holders never mutate
+    it), so a thousand sessions with one settings file hold one copy per server."""
+    key = _capture_encoder.encode(s)
+    found = _captured.get(key)
+    if found is None:
+        if len(_captured) >= _INTERN_LIMIT:
+            _captured.clear()
+        found = _captured[key] = copy.deepcopy(s)
+    return found
+
+
+def intern_identity(identity: TransportIdentity) -> TransportIdentity:
+    """One object per distinct identity, however many sessions hold it (memory, not meaning:
+    identities compare by value either way)."""
+    found = _identities.get(identity)
+    if found is None:
+        if len(_identities) >= _INTERN_LIMIT:
+            _identities.clear()
+        found = _identities[identity] = identity
+    return found
+
+
+_INTERN_LIMIT = 10_000  # distinct settings/identities seen; cleared wholesale past it
+_capture_encoder = msgspec.json.Encoder(order="deterministic")
+_captured: dict[bytes, ServerSettings] = {}
+_identities: dict[TransportIdentity, TransportIdentity] = {}
 
 
 def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> TransportKind:
@@ -145,19 +169,21 @@ def identity_of(
         if cwd is None:
             cwd = base_dir
     url = s.http_url if kind == "http" and s.http_url else s.url if s.url else s.http_url
-    return TransportIdentity(
-        name=name,
-        kind=kind,
-        command=command,
-        args=tuple(s.args),
-        env=tuple(sorted(s.env.items())),
-        cwd=cwd,
-        url=url if kind != "stdio" else None,
-        headers=tuple(sorted((k.lower(), v) for k, v in s.headers.items())),
-        timeout=s.timeout,
-        scope=s.scope,
-        roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
-        policy=policy,
+    return intern_identity(
+        TransportIdentity(
+            name=name,
+            kind=kind,
+            command=command,
+            args=tuple(s.args),
+            env=tuple(sorted(s.env.items())),
+            cwd=cwd,
+            url=url if kind != "stdio" else None,
+            headers=tuple(sorted((k.lower(), v) for k, v in s.headers.items())),
+            timeout=s.timeout,
+            scope=s.scope,
+            roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
+            policy=policy,
+        )
     )
 
 

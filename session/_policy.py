@@ -27,7 +27,7 @@ class PolicyKey(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_settings(cls, s: ServerSettings) -> PolicyKey:
-        return cls(
+        key = cls(
             trust=None if s.trust is UNSET else bool(s.trust),
             include=(
                 None
@@ -37,6 +37,13 @@ class PolicyKey(msgspec.Struct, frozen=True):
             exclude=frozenset(() if s.exclude_tools is UNSET else s.exclude_tools),
             always_load=s.always_load_tools is True,
         )
+        # One object per distinct policy: sessions sharing a policy share its key.
+        found = _keys.get(key)
+        if found is None:
+            if len(_keys) >= _KEY_LIMIT:
+                _keys.clear()
+            found = _keys[key] = key
+        return found
 
     def allows(self, name: str) -> bool:
         if name in self.exclude:
@@ -63,6 +70,10 @@ class PolicyKey(msgspec.Struct, frozen=True):
 
     def encoded(self) -> str:
         return msgspec.json.encode(self.canonical()).decode()
+
+
+_KEY_LIMIT = 10_000  # distinct policies seen; cleared wholesale past it
+_keys: dict[PolicyKey, PolicyKey] = {}
 
 
 def normalize_include(name: str) -> str:

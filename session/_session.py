@@ -251,6 +251,48 @@ def _offset(cursor: Any) -> int:
 
 
 class Session:
+    # Slots: a daemon holds one Session per attached window, many of them idle.
+    __slots__ = (
+        "_backlog",
+        "_batches",
+        "_dirty",
+        "_log",
+        "_notify_wake",
+        "_notifying",
+        "_reconciling",
+        "_relay_ids",
+        "_signature",
+        "attached_at",
+        "client_capabilities",
+        "client_info",
+        "close_reason",
+        "closed",
+        "cwd",
+        "era",
+        "id",
+        "inflight",
+        "initialize_answered",
+        "initialized",
+        "last_error",
+        "listens",
+        "log_level",
+        "name",
+        "notifications_sent",
+        "on_close",
+        "out",
+        "page_size",
+        "pending_kinds",
+        "pool",
+        "protocol_version",
+        "ready",
+        "registry",
+        "relayed",
+        "settings_generation",
+        "spawn",
+        "subscriptions",
+        "views",
+    )
+
     def __init__(
         self,
         session_id: str,
