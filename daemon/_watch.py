@@ -22,7 +22,7 @@ import trio
 # STEP_MS. Editors write a file in a burst of a few ms; this keeps write-to-reload well under the
 # 150 ms budget while still seeing an atomic replace (create temp, rename) as one batch.
 DEBOUNCE_MS = 30
-STEP_MS = 5
+STEP_MS = 20
 # How long awatch may take to notice its stop_event (its step, plus slack for the Rust thread).
 STOP_BOUND = 2.0
 
