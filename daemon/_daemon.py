@@ -742,32 +742,18 @@ class Daemon:
         st = self._session_state(params)
         server = params.get("server")
         gen = st.session.registry
-        out = []
-        for exposed, route in gen.tool_routes.items():
-            if server and route.view.name != server:
-                continue
-            out.append(
-                {
-                    "exposed": exposed,
-                    "kind": "tool",
-                    "server": route.view.name,
-                    "entry": route.view.handle.lifecycle_id if route.view.handle else None,
-                    "upstream": route.upstream_name,
-                }
-            )
-        for exposed, route in gen.prompt_routes.items():
-            if server and route.view.name != server:
-                continue
-            out.append(
-                {
-                    "exposed": exposed,
-                    "kind": "prompt",
-                    "server": route.view.name,
-                    "entry": route.view.handle.lifecycle_id if route.view.handle else None,
-                    "upstream": route.upstream_name,
-                }
-            )
-        return out
+        return [
+            {
+                "exposed": exposed,
+                "kind": kind,
+                "server": route.view.name,
+                "entry": route.view.handle.lifecycle_id if route.view.handle else None,
+                "upstream": route.upstream_name,
+            }
+            for kind, routes in (("tool", gen.tool_routes), ("prompt", gen.prompt_routes))
+            for exposed, route in routes.items()
+            if not server or route.view.name == server
+        ]
 
     async def _admin_stop(self, params: dict[str, Any]) -> dict[str, Any]:
         self.stop_requested.set()

@@ -133,20 +133,7 @@ class FdWriter:
                 await self._wake.wait()
                 continue
             await trio.lowlevel.wait_writable(self._fd)
-            while self._chunks:
-                chunk = self._chunks[0]
-                try:
-                    n = os.write(self._fd, chunk)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
-                    return
-                self._buffered -= n
-                if n == len(chunk):
-                    self._chunks.pop(0)
-                else:
-                    self._chunks[0] = chunk[n:]
+            self._flush()
             if not self._chunks:
                 self._drained.set()
 

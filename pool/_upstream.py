@@ -42,6 +42,8 @@ from mcpool.protocol import (
     LineFramer,
     McpoolError,
     Message,
+    RawErrorResponse,
+    Response,
     UpstreamClosed,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -102,18 +104,6 @@ class _GroupRegistry(Protocol):
 
 _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-
-
-class _RawError(msgspec.Struct):
-    jsonrpc: str
-    id: Any
-    error: Raw
-
-
-class _RawResult(msgspec.Struct):
-    jsonrpc: str
-    id: Any
-    result: Raw
 
 
 class StdioUpstream:
@@ -248,10 +238,10 @@ class StdioUpstream:
         if not self.alive:
             return
         if error is not UNSET:
-            self._write(_encoder.encode(_RawError("2.0", msg_id, error)) + b"\n")
+            self._write(_encoder.encode(RawErrorResponse("2.0", msg_id, error)) + b"\n")
         else:
             body = result if result is not UNSET else Raw(b"{}")
-            self._write(_encoder.encode(_RawResult("2.0", msg_id, body)) + b"\n")
+            self._write(_encoder.encode(Response("2.0", msg_id, body)) + b"\n")
 
     def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
         if self.alive:

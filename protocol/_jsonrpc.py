@@ -105,6 +105,14 @@ class ErrorResponse(Struct, gc=False):
     error: ErrorObject
 
 
+class RawErrorResponse(Struct, gc=False):
+    """A relayed error: the peer's error object forwarded byte for byte under our id."""
+
+    jsonrpc: str
+    id: JsonRpcId | None
+    error: Raw
+
+
 # The helpers accept Raw or any value in params/result; msgspec writes Raw verbatim wherever it
 # appears, so one struct with an Any field serves both without encoding twice.
 class _RequestOut(Struct, omit_defaults=True):

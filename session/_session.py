@@ -47,6 +47,8 @@ from mcpool.protocol import (
     McpoolError,
     Message,
     MethodNotFound,
+    RawErrorResponse,
+    Response,
     UpstreamUnavailable,
     decode,
     error_response,
@@ -102,18 +104,6 @@ _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-class _RawError(msgspec.Struct):
-    jsonrpc: str
-    id: Any
-    error: Raw
-
-
-class _RawResult(msgspec.Struct):
-    jsonrpc: str
-    id: Any
-    result: Raw
-
-
 class Writer(Protocol):
     """What the session writes to (the daemon gives it an `FdWriter`)."""
 
@@ -165,7 +155,7 @@ class _InFlight:
             error = msg.error
             if plan is not None:
                 error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
-            line = _encoder.encode(_RawError("2.0", self.client_id, error)) + b"\n"
+            line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
             s.reply(self.client_id, line)
             return
         result = msg.result if msg.result is not UNSET else Raw(b"{}")
@@ -175,7 +165,7 @@ class _InFlight:
             except McpoolError as exc:
                 s.send_error(self.client_id, exc)
                 return
-        line = _encoder.encode(_RawResult("2.0", self.client_id, result)) + b"\n"
+        line = _encoder.encode(Response("2.0", self.client_id, result)) + b"\n"
         if s._batches:
             s.reply(self.client_id, line)
         else:
@@ -749,7 +739,8 @@ class Session:
         if offset == 0:
             cached = gen.encoded.get(key)
             if cached is not None:
-                self.reply(msg.id, _encoder.encode(_RawResult("2.0", msg.id, Raw(cached))) + b"\n")
+                rid = request_id(msg)
+                self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(cached))) + b"\n")
                 return
         page = items[offset : offset + self.page_size]
         result: dict[str, Any] = {field: page}
@@ -761,7 +752,8 @@ class Session:
         encoded = _encoder.encode(result)
         if offset == 0:
             gen.encoded[key] = encoded
-        self.reply(msg.id, _encoder.encode(_RawResult("2.0", msg.id, Raw(encoded))) + b"\n")
+        rid = request_id(msg)
+        self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(encoded))) + b"\n")
 
     def _tools_list(self, msg: Message, p: dict[str, Any]) -> None:
         self._list(msg, p, "tools", "tools")
