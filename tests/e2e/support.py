@@ -60,6 +60,8 @@ async def wait_until(condition: Callable[[], bool | Awaitable[bool]]) -> None:
 
 def process(pid: int) -> psutil.Process:
     """The psutil handle of a live process; it remembers the start time, so pid reuse is seen."""
+    # psutil.Process(None) is the calling process: never let a missing pid mean "us".
+    assert pid is not None, "no pid (the process has not started)"
     proc = psutil.Process(pid)
     assert alive(proc), f"pid {pid} is not running"
     return proc

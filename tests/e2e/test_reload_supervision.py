@@ -216,6 +216,11 @@ async def test_crash_loop_until_restart_or_settings_change(daemon_factory, tmp_p
             await wait_until(lambda: _has(session, "flaky__echo"))
 
 
+async def _has_pid(d: DaemonProcess) -> bool:
+    servers = await d.ctl("servers")
+    return bool(servers) and servers[0]["pid"] is not None
+
+
 async def _state_is(d: DaemonProcess, state: str) -> bool:
     servers = await d.ctl("servers")
     return bool(servers) and servers[0]["state"] == state
@@ -246,6 +251,8 @@ async def test_shutdown_is_bounded_despite_a_stuck_client_and_a_stubborn_upstrea
         assert "result" in reply
         listing = b'{"jsonrpc":"2.0","id":5,"method":"tools/list"}\n'
         await stuck.send_raw(listing * 50)  # never read: the daemon's writes to it back up
+        with trio.fail_after(WAIT):  # the attach's upstream may still be starting
+            await wait_until(lambda: _has_pid(d))
         servers = await d.ctl("servers")
         upstream = process(servers[0]["pid"])
         family = [upstream, *descendants(upstream.pid)]
@@ -255,7 +262,8 @@ async def test_shutdown_is_bounded_despite_a_stuck_client_and_a_stubborn_upstrea
             code = await d.process.wait()
         assert code == 0
         assert not d.sock.exists()
-        assert not [p for p in family if alive(p)]
+        left = [p for p in family if alive(p)]
+        assert not left, (left, [p.cmdline() for p in left], d.output())
 
 
 async def test_daemon_options_reload_live_and_a_socket_change_asks_for_a_restart(daemon_factory):
