@@ -23,9 +23,15 @@ from typing import Any
 
 import msgspec
 import trio
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import Raw, UnsetType
 
-from mcpool.protocol import INVALID_PARAMS, SESSION_CLOSING, McpoolError, Message
+from mcpool.protocol import (
+    INVALID_PARAMS,
+    SESSION_CLOSING,
+    McpoolError,
+    Message,
+    decode_params,
+)
 
 from ._entry import (
     TERMINAL_STATES,
@@ -53,7 +59,6 @@ CRASH_LOOP_WINDOW = 120.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
-_decoder = msgspec.json.Decoder()
 
 
 class PoolOptions(msgspec.Struct, kw_only=True):
@@ -614,13 +619,11 @@ def _restore_shared_state(entry: PoolEntry, upstream: StdioUpstream) -> None:
 
 
 def _decode_params(params: Raw | UnsetType) -> dict[str, Any]:
-    if params is UNSET:
-        return {}
+    """An upstream's notification params; a malformed one is treated as empty, not fatal."""
     try:
-        value = _decoder.decode(params)
-    except msgspec.DecodeError:
+        return decode_params(params)
+    except McpoolError:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 __all__ = [

@@ -48,13 +48,15 @@ from mcpool.protocol import (
     Message,
     MethodNotFound,
     RawErrorResponse,
+    Request,
     Response,
     UpstreamUnavailable,
     decode,
+    decode_params,
+    encode,
     error_response,
     negotiate,
     notification,
-    request,
     response,
 )
 
@@ -100,7 +102,6 @@ LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert"
 
 SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
-_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
@@ -199,13 +200,6 @@ class _Listen:
         self.uris = uris
 
 
-class _RawRequest(msgspec.Struct):
-    jsonrpc: str
-    id: Any
-    method: str
-    params: Raw
-
-
 _CLIENT_CAPABILITY = {
     "sampling/createMessage": "sampling",
     "elicitation/create": "elicitation",
@@ -213,25 +207,15 @@ _CLIENT_CAPABILITY = {
 }
 
 
-def decode_params(params: Raw | UnsetType) -> dict[str, Any]:
-    if params is UNSET:
-        return {}
-    try:
-        value = _decoder.decode(params)
-    except msgspec.DecodeError as exc:
-        raise InvalidParams("params are not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise InvalidParams("params must be an object")
-    return value
-
-
-def _cursor(number: int, offset: int) -> str:
-    return base64.urlsafe_b64encode(f"{number}:{offset}".encode()).decode()
+def _cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
 
 
 def _offset(cursor: Any) -> int:
     try:
-        _, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
+        tag, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
+        if tag != "o":
+            raise ValueError(tag)
         value = int(off)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidParams("invalid cursor: not a cursor mcpool issued") from exc
@@ -746,7 +730,7 @@ class Session:
         result: dict[str, Any] = {field: page}
         if offset + self.page_size < len(items):
             # The first page is cached on the shared aggregate: no per-session value in it.
-            result["nextCursor"] = _cursor(0, offset + self.page_size)
+            result["nextCursor"] = _cursor(offset + self.page_size)
         if modern:
             result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
         encoded = _encoder.encode(result)
@@ -1044,11 +1028,8 @@ class Session:
             if isinstance(meta, dict):
                 token = meta.get("progressToken")
         self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
-        self.send(
-            _encoder.encode(_RawRequest("2.0", downstream_id, method, msg.params)) + b"\n"
-            if msg.params is not UNSET
-            else request(downstream_id, method)
-        )
+        # Params are relayed byte for byte (omitted when the upstream sent none).
+        self.send(encode(Request("2.0", downstream_id, method, msg.params)))
         return None
 
     def _client_response(self, msg: Message) -> None:
