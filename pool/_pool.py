@@ -60,7 +60,6 @@ MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
 
-
 class PoolOptions(msgspec.Struct, kw_only=True):
     drain_grace: float = DEFAULT_DRAIN_GRACE
     max_idle: float = DEFAULT_MAX_IDLE

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import weakref
 from typing import Any, Literal
 
 import msgspec
@@ -26,7 +27,9 @@ Scope = Literal["shared", "workspace", "session"]
 FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
 
 
-class ServerSettings(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+class ServerSettings(
+    msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, weakref=True
+):
     """One `mcpServers` entry. Unknown fields (other clients' extensions) are ignored."""
 
     type: Literal["stdio", "http", "sse", "streamable-http", "streamableHttp"] | None = None
@@ -58,27 +61,27 @@ def capture_settings(s: ServerSettings) -> ServerSettings:
     key = _capture_encoder.encode(s)
     found = _captured.get(key)
     if found is None:
-        if len(_captured) >= _INTERN_LIMIT:
-            _captured.clear()
-        found = _captured[key] = copy.deepcopy(s)
+        found = copy.deepcopy(s)
+        _captured[key] = found
     return found
 
 
 def intern_identity(identity: TransportIdentity) -> TransportIdentity:
     """One object per distinct identity, however many sessions hold it (memory, not meaning:
     identities compare by value either way)."""
-    found = _identities.get(identity)
+    key = _capture_encoder.encode(identity)
+    found = _identities.get(key)
     if found is None:
-        if len(_identities) >= _INTERN_LIMIT:
-            _identities.clear()
-        found = _identities[identity] = identity
+        found = _identities[key] = identity
     return found
 
 
-_INTERN_LIMIT = 10_000  # distinct settings/identities seen; cleared wholesale past it
 _capture_encoder = msgspec.json.Encoder(order="deterministic")
-_captured: dict[bytes, ServerSettings] = {}
-_identities: dict[TransportIdentity, TransportIdentity] = {}
+# Weak, and keyed by the encoded value rather than the object: an entry lives exactly as long
+# as some holder does, so a daemon that has seen a thousand projects' settings keeps only the
+# ones still attached.
+_captured: weakref.WeakValueDictionary[bytes, ServerSettings] = weakref.WeakValueDictionary()
+_identities: weakref.WeakValueDictionary[bytes, TransportIdentity] = weakref.WeakValueDictionary()
 
 
 def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> TransportKind:
@@ -105,7 +108,7 @@ def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> T
     )
 
 
-class TransportIdentity(msgspec.Struct, frozen=True, order=True):
+class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
     """The canonical transport-defining fields of one server entry (I1). Hashable, immutable."""
 
     name: str

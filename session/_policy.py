@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from msgspec import UNSET
 from mcpool.pool import ServerSettings
 
 
-class PolicyKey(msgspec.Struct, frozen=True):
+class PolicyKey(msgspec.Struct, frozen=True, weakref=True):
     trust: bool | None = None
     include: frozenset[str] | None = None
     exclude: frozenset[str] = frozenset()
@@ -38,11 +39,10 @@ class PolicyKey(msgspec.Struct, frozen=True):
             always_load=s.always_load_tools is True,
         )
         # One object per distinct policy: sessions sharing a policy share its key.
-        found = _keys.get(key)
+        fields = (key.trust, key.include, key.exclude, key.always_load)
+        found = _keys.get(fields)
         if found is None:
-            if len(_keys) >= _KEY_LIMIT:
-                _keys.clear()
-            found = _keys[key] = key
+            found = _keys[fields] = key
         return found
 
     def allows(self, name: str) -> bool:
@@ -72,8 +72,10 @@ class PolicyKey(msgspec.Struct, frozen=True):
         return msgspec.json.encode(self.canonical()).decode()
 
 
-_KEY_LIMIT = 10_000  # distinct policies seen; cleared wholesale past it
-_keys: dict[PolicyKey, PolicyKey] = {}
+# Weak, keyed by the fields rather than the key itself (which would keep every key alive): a
+# policy is interned while some view holds it.
+_PolicyFields = tuple[bool | None, frozenset[str] | None, frozenset[str], bool]
+_keys: weakref.WeakValueDictionary[_PolicyFields, PolicyKey] = weakref.WeakValueDictionary()
 
 
 def normalize_include(name: str) -> str:

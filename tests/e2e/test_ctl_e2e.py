@@ -9,7 +9,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from e2e.harness import DaemonFactory, DaemonProcess, fake_server, run_daemonctl
+from e2e.support import STEP_TIMEOUT, raw_attach
 
 SECRET = "sk-e2e-very-secret"
 
@@ -267,3 +270,22 @@ async def test_start_starts_a_detached_daemon_and_stop_ends_it(
     assert (code, out) == (0, f"mcpool daemon (pid {status['pid']}) stopped\n")
     code, _, _ = await ctl(daemon, "status", check=False)
     assert code == 3
+
+
+async def test_status_lists_a_project_file_only_while_a_session_reads_it(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = await daemon_factory({"f": _server()})
+    project = daemon.settings_file("project.json", {"g": _server()})
+
+    def paths(status: dict[str, Any]) -> set[str]:
+        return {f["path"] for f in status["config"]}
+
+    async with daemon.raw() as client:
+        await raw_attach(client, [str(project)], "project")
+        assert str(project) in paths(await ctl_json(daemon, "status"))
+    with trio.fail_after(STEP_TIMEOUT):
+        while str(project) in paths(await ctl_json(daemon, "status")):
+            await trio.sleep(0.05)
+    # The daemon's own config stays; a long-lived daemon forgets projects nobody attaches.
+    assert paths(await ctl_json(daemon, "status")) == {str(daemon.config_path)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import msgspec
 import pytest
@@ -139,3 +140,26 @@ def test_transport_kind(fields: dict[str, object], kind: str) -> None:
 def test_entry_without_command_or_url_is_a_settings_error() -> None:
     with pytest.raises(SettingsError):
         transport_kind("s", ServerSettings())
+
+
+def test_captured_settings_and_identities_are_shared_while_held_and_forgotten_after() -> None:
+    from mcpool.pool import _spec
+    from mcpool.pool._spec import capture_settings
+
+    marker = "interning-probe-unique-arg"
+    first = capture_settings(stdio(args=[marker]))
+    assert capture_settings(stdio(args=[marker])) is first  # equal settings, one copy
+    ident = identity_of("probe", stdio(args=[marker]))
+    assert identity_of("probe", stdio(args=[marker])) is ident
+
+    def held() -> tuple[bool, bool]:
+        return (
+            any(marker in s.args for s in _spec._captured.values()),
+            any(marker in i.args for i in _spec._identities.values()),
+        )
+
+    assert held() == (True, True)
+    del first, ident
+    gc.collect()
+    # A daemon that has seen a thousand projects keeps only what is still attached.
+    assert held() == (False, False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 from fakes import stdio
 
@@ -104,3 +105,15 @@ def test_mutating_settings_after_capture_changes_neither_key_nor_identity() -> N
     # And the mutated object is seen as different when captured again.
     assert PolicyKey.from_settings(settings) != captured_key
     assert identity_of("srv", settings) != captured_identity
+
+
+def test_equal_policies_share_one_key_only_while_one_is_held() -> None:
+    from mcpool.session import _policy
+
+    settings = stdio(includeTools=["interning-probe"])
+    key = PolicyKey.from_settings(settings)
+    assert PolicyKey.from_settings(copy.deepcopy(settings)) is key
+    assert any(k.include == frozenset({"interning-probe"}) for k in _policy._keys.values())
+    del key
+    gc.collect()
+    assert not any(k.include == frozenset({"interning-probe"}) for k in _policy._keys.values())
