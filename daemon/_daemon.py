@@ -23,6 +23,7 @@ import gc
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -35,11 +36,13 @@ from msgspec import UNSET
 
 from mcpool import __version__
 from mcpool.pool import (
+    READ_CHUNK,
     FdWriter,
     Guardian,
     Pool,
     PoolOptions,
     ServerSettings,
+    WriterClosed,
     identity_of,
     read_some,
 )
@@ -54,6 +57,7 @@ from mcpool.protocol import (
     SettingsError,
     decode,
     error_response,
+    notification,
     response,
 )
 from mcpool.session import (
@@ -86,14 +90,23 @@ RESTART_WAIT = 60.0  # `daemonctl restart` answers by then even if a server is s
 FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
 # After a refusal or an oversized message: time for the peer to read the error and close first.
 CLOSE_LINGER = 1.0
+# A handed-off session's last replies reach a client that is still reading within this; one that
+# stopped reading must not hold the bridge (and the client waiting on it) open.
+HANDOFF_DRAIN_BOUND = 1.0
+# fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
+# is seen (MSG_CTRUNC) rather than silently cut.
+HANDOFF_FDS = 2
 
 
 class _SessionState:
     """Daemon-side facts about one session: its settings sources and runtime overrides."""
 
-    def __init__(self, session: Session, sources: list[str]) -> None:
+    def __init__(self, session: Session, sources: list[str], via: str) -> None:
         self.session = session
         self.sources = sources
+        # How the client reaches the session: "attach" (its stdio handed to the daemon),
+        # "attach-relay" (through the bridge's relay), "socket" (a raw client) or "http".
+        self.via = via
         self.overrides: dict[str, tuple[ServerSettings, str]] = {}
         self.lock = trio.Lock()
 
@@ -398,15 +411,33 @@ class Daemon:
                     )
                 await _linger_close(raw.fileno())
                 return
-            await self._serve_peer(raw.fileno(), peer_pid)
+            await self._serve_peer(raw, peer_pid)
             if raw.fileno() in self._linger:
                 await _linger_close(raw.fileno())
         finally:
             self._linger.discard(raw.fileno())
             raw.close()
 
-    async def _serve_peer(self, fd: int, peer_pid: int) -> None:
+    async def _serve_peer(self, raw: socket.socket, peer_pid: int) -> None:
+        fd = raw.fileno()
         framer = LineFramer(self.options.max_message_bytes)
+        # fds that came with the first message (an attach bridge handing over its stdio); the
+        # session takes them, and whatever it does not take is closed on the way out.
+        handed: list[int] = []
+        try:
+            await self._serve_first(raw, fd, framer, peer_pid, handed)
+        finally:
+            for received in handed:
+                os.close(received)
+
+    async def _serve_first(
+        self,
+        raw: socket.socket,
+        fd: int,
+        framer: LineFramer,
+        peer_pid: int,
+        handed: list[int],
+    ) -> None:
         async with trio.open_nursery() as nursery:
             # No writer task while nothing is queued: an idle session costs no task for it.
             writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
@@ -414,7 +445,7 @@ class Daemon:
             first: Message | None = None
             with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
                 while first is None:
-                    data = await read_some(fd)
+                    data = await _recv_with_fds(raw, handed)
                     if not data:
                         nursery.cancel_scope.cancel()
                         return
@@ -448,7 +479,7 @@ class Daemon:
             if method.startswith("mcpool/admin/"):
                 await self._serve_admin(fd, writer, framer, first, pending)
             else:
-                await self._serve_session(fd, writer, framer, first, pending, peer_pid)
+                await self._serve_session(fd, writer, framer, first, pending, peer_pid, handed)
             with trio.move_on_after(1.0):
                 await writer.wait_drained()
             nursery.cancel_scope.cancel()
@@ -478,8 +509,10 @@ class Daemon:
         first: Message,
         pending: list[bytes],
         peer_pid: int,
+        handed: list[int],
     ) -> None:
         assert self.pool is not None
+        handoff = False
         if first.method == "mcpool/attach":
             try:
                 params = msgspec.json.decode(first.params) if first.params is not UNSET else {}
@@ -489,6 +522,7 @@ class Daemon:
                 sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]  # noqa: ASYNC240
                 cwd = params.get("cwd")
                 name = str(params.get("name") or "session")
+                handoff = params.get("handoff") is True and _usable_stdio(handed)
             except (ValueError, msgspec.DecodeError) as exc:
                 writer.write(
                     error_response(
@@ -498,45 +532,127 @@ class Daemon:
                 return
         else:
             sources, cwd, name = [self.config_path], None, "socket"
+        if handoff:
+            in_fd, out_fd = handed
+            handed.clear()  # ours now: closed below, after the session
+            await self._serve_handed_off(
+                fd, writer, in_fd, out_fd, first, name, sources, cwd, peer_pid
+            )
+            return
         state = self.open_session(
             writer,
             name=name,
             sources=sources,
             peer=peer_pid,
             cwd=cwd if isinstance(cwd, str) else None,
+            via="socket" if first.method != "mcpool/attach" else "attach-relay",
         )
-        session = state.session
         if first.method == "mcpool/attach":
-            writer.write(
-                response(
-                    request_id(first),
-                    {"session": session.id, "daemonPid": self.pid, "version": __version__},
-                )
-            )
+            writer.write(response(request_id(first), self._attach_result(state)))
+        await self._run_session(state, fd, writer, framer, pending)
+
+    def _attach_result(self, state: _SessionState, handoff: bool = False) -> dict[str, Any]:
+        result = {"session": state.session.id, "daemonPid": self.pid, "version": __version__}
+        if handoff:
+            result["handoff"] = True
+        return result
+
+    async def _run_session(
+        self,
+        state: _SessionState,
+        in_fd: int,
+        writer: FdWriter,
+        framer: LineFramer,
+        pending: list[bytes],
+        control_fd: int | None = None,
+    ) -> bool:
+        """Serve one session until it ends; True when the client ended it (end of input)."""
+        session = state.session
+        client_closed = False
         try:
             async with trio.open_nursery() as nursery:
                 session.on_close = lambda _s: nursery.cancel_scope.cancel()
                 session.spawn = nursery.start_soon  # a notifier task only while one is due
                 nursery.start_soon(self.apply_to_session, state)
+                if control_fd is not None:
+                    nursery.start_soon(_close_when_eof, control_fd, session)
                 for line in pending:
                     session.handle_line(line)
                 while not session.closed:
-                    data = await read_some(fd)
+                    data = await read_some(in_fd)
                     if not data:
+                        client_closed = True
                         break
                     try:
                         lines = framer.feed(data)
                     except MessageTooLarge as exc:
-                        await self._fail_and_close(fd, writer, exc)
+                        await self._fail_and_close(in_fd, writer, exc)
                         break
                     for line in lines:
                         session.handle_line(line)
                 session.close("the client disconnected")
         finally:
             self.close_session(state, "the client disconnected")
+        return client_closed
+
+    async def _serve_handed_off(
+        self,
+        control_fd: int,
+        control: FdWriter,
+        in_fd: int,
+        out_fd: int,
+        first: Message,
+        name: str,
+        sources: list[str],
+        cwd: Any,
+        peer_pid: int,
+    ) -> None:
+        """A session on the client's own stdin/stdout, handed over by `mcpool attach`; the
+        bridge's socket carries only the attach answer and, at the end, `mcpool/ended`."""
+        client_closed = False
+        try:
+            os.set_blocking(in_fd, False)
+            os.set_blocking(out_fd, False)
+            async with trio.open_nursery() as io:
+                out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=io.start_soon)
+                state = self.open_session(
+                    out,
+                    name=name,
+                    sources=sources,
+                    peer=peer_pid,
+                    cwd=cwd if isinstance(cwd, str) else None,
+                    via="attach",
+                )
+                control.write(response(request_id(first), self._attach_result(state, True)))
+                try:
+                    framer = LineFramer(self.options.max_message_bytes)
+                    client_closed = await self._run_session(
+                        state, in_fd, out, framer, [], control_fd=control_fd
+                    )
+                finally:
+                    with trio.move_on_after(HANDOFF_DRAIN_BOUND, shield=True):
+                        await out.wait_drained()
+                    io.cancel_scope.cancel()
+        finally:
+            self._linger.discard(in_fd)  # an oversized message's linger is the bridge's socket's
+            for handed_fd in (in_fd, out_fd):
+                trio.lowlevel.notify_closing(handed_fd)
+                os.close(handed_fd)
+        reason = state.session.close_reason or "the session ended"
+        with contextlib.suppress(WriterClosed):
+            control.write(
+                notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})
+            )
 
     def open_session(
-        self, out: Any, *, name: str, sources: list[str], peer: Any, cwd: str | None = None
+        self,
+        out: Any,
+        *,
+        name: str,
+        sources: list[str],
+        peer: Any,
+        cwd: str | None = None,
+        via: str = "socket",
     ) -> _SessionState:
         """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
         assert self.pool is not None
@@ -550,7 +666,7 @@ class Daemon:
             log=lambda text: self.log("warning", text),
             attached_at=time.time(),
         )
-        state = _SessionState(session, sources)
+        state = _SessionState(session, sources, via)
         self.sessions[session.id] = state
         self.watcher.watch(self.watched_files())
         self.log("info", "session attached", session=session.id, name=name, peer=peer)
@@ -728,6 +844,7 @@ class Daemon:
                     "pending_notifications": len(s.pending_kinds),
                     "notifications_sent": s.notifications_sent,
                     "sources": st.sources,
+                    "via": st.via,
                     "last_error": s.last_error,
                     "handles": [
                         {
@@ -990,6 +1107,46 @@ class Daemon:
                     return f"server '{server}' is disabled in {path}"
                 return f"server '{server}' in {path} is not connected to this session"
         return f"this session's settings do not list a server named '{server}'"
+
+
+async def _recv_with_fds(raw: socket.socket, fds: list[int]) -> bytes:
+    """`read_some` for a connection's first message, which may carry fds (SCM_RIGHTS); they are
+    appended to `fds`, close-on-exec so that no upstream we spawn inherits a client's pipe."""
+    space = socket.CMSG_SPACE((HANDOFF_FDS + 1) * 4)
+    while True:
+        await trio.lowlevel.wait_readable(raw.fileno())
+        try:
+            data, ancdata, _flags, _addr = raw.recvmsg(READ_CHUNK, space, socket.MSG_CMSG_CLOEXEC)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(
+                    int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4)
+                )
+        return data
+
+
+def _usable_stdio(fds: list[int]) -> bool:
+    """Exactly a readable and a writable end of pipes or sockets: what a bridge hands over."""
+    if len(fds) != HANDOFF_FDS:
+        return False
+    try:
+        modes = [os.fstat(fd).st_mode for fd in fds]
+    except OSError:
+        return False
+    return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
+
+
+async def _close_when_eof(fd: int, session: Session) -> None:
+    """The bridge's socket of a handed-off session: its end (the bridge exited or was killed)
+    ends the session, so the client's process and the session live and die together."""
+    while await read_some(fd):
+        pass  # the bridge sends nothing after the attach request
+    session.close("the attach bridge exited")
 
 
 async def _linger_close(fd: int) -> None:

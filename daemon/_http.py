@@ -75,7 +75,9 @@ class SessionHost(Protocol):
 
     config_path: str
 
-    def open_session(self, out: Any, *, name: str, sources: list[str], peer: str) -> Any: ...
+    def open_session(
+        self, out: Any, *, name: str, sources: list[str], peer: str, via: str
+    ) -> Any: ...
 
     async def apply_to_session(self, state: Any) -> Any: ...
 
@@ -759,7 +761,9 @@ class HttpEndpoint:
             )
         sources = named if named is not None else [self.host.config_path]
         outbox = SessionOutbox(self.session_buffer)
-        state = self.host.open_session(outbox, name="http", sources=sources, peer="http")
+        state = self.host.open_session(
+            outbox, name="http", sources=sources, peer="http", via="http"
+        )
         sid = secrets.token_urlsafe(24)
         hs = _HttpSession(sid, state, outbox, ephemeral=ephemeral)
         outbox.on_idle = hs.touch

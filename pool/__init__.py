@@ -14,7 +14,7 @@ from ._entry import (
     transition,
 )
 from ._eras import Discovered, discovered, listen_filter, wrap_output_schemas, wrap_structured
-from ._fdio import FdWriter, WriterClosed, read_some
+from ._fdio import READ_CHUNK, FdWriter, WriterClosed, read_some
 from ._guardian import Guardian
 from ._pool import Pool, PoolOptions, RefreshRejected, backoff_delay, discover, is_crash_loop
 from ._spec import (
@@ -27,6 +27,7 @@ from ._spec import (
 from ._upstream import StdioUpstream, UpstreamEvents
 
 __all__ = [
+    "READ_CHUNK",
     "TERMINAL_STATES",
     "Discovered",
     "EntryEvent",

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,12 +32,15 @@ def _line(obj: object) -> bytes:
 
 
 class FakeDaemon:
-    """Answers the first line of each connection with `handler(conn, first_line_bytes)`."""
+    """Answers the first line of each connection with `handler(conn, first_line_bytes)`. The
+    fds that came with that line (a hand-off) are in `self.handed`."""
 
     def __init__(self, path: Path, handler: Callable[[socket.socket, bytes], None]) -> None:
         self.path = path
         self.handler = handler
         self.attach_requests: list[dict[str, object]] = []
+        self.handed: list[int] = []
+        self.offered = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen()
@@ -51,7 +55,15 @@ class FakeDaemon:
             return
         with conn:
             conn.settimeout(WAIT)
-            reader = conn.makefile("rb")
+            # The first bytes with recvmsg, as the daemon reads them: fds come with them.
+            data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 4)
+            self.offered = len(fds)
+            if getattr(self.handler, "takes_handoff", False):
+                self.handed.extend(fds)
+            else:
+                for fd in fds:  # declined, as the daemon does: the client's pipes are not ours
+                    os.close(fd)
+            reader = _Prefixed(data, conn.makefile("rb"))
             first = reader.readline()
             self.attach_requests.append(json.loads(first))
             # The bridge going away mid-conversation is some tests' point, not a fake's failure.
@@ -61,6 +73,27 @@ class FakeDaemon:
     def close(self) -> None:
         self.listener.close()
         self.thread.join(WAIT)
+
+
+class _Prefixed:
+    """A line reader over `prefix` then `rest` (the bytes recvmsg took, then the socket)."""
+
+    def __init__(self, prefix: bytes, rest: Any) -> None:
+        self.buf = prefix
+        self.rest = rest
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buf:
+            more = self.rest.readline()
+            if not more:
+                break
+            self.buf += more
+        line, sep, self.buf = self.buf.partition(b"\n")
+        return line + sep
+
+    def __iter__(self) -> Iterator[bytes]:
+        while line := self.readline():
+            yield line
 
 
 def echo_after(extra: bytes = b"", goodbye: bytes = b"") -> Callable[[socket.socket, object], None]:
@@ -144,6 +177,8 @@ def test_relays_both_ways_and_keeps_bytes_sent_behind_the_response(
         "cwd": str(sock_dir),
         "name": "proj",
         "clientPid": os.getpid(),
+        # Its stdio are pipes, so it offered them; this fake declined, so it relayed (above).
+        "handoff": True,
     }
 
 
@@ -315,3 +350,90 @@ def test_broken_stdout_exits_0_quietly(
     assert proc.stderr.read() == b""
     proc.stdin.close()
     proc.stderr.close()
+
+
+def serve_handed_off(ended: dict[str, object] | None) -> Callable[[socket.socket, Any], None]:
+    """Accept the hand-off: answer ping lines on the handed stdout, reading the handed stdin,
+    until its EOF; then close the fds and send `ended` (None: just close the socket)."""
+
+    def handler(conn: socket.socket, reader: Any) -> None:
+        fake = handler.fake  # type: ignore[attr-defined]
+        stdin_fd, stdout_fd = fake.handed
+        conn.sendall(
+            _line({"jsonrpc": "2.0", "id": 0, "result": {**ATTACH_RESULT, "handoff": True}})
+        )
+        with os.fdopen(stdin_fd, "rb") as stdin, os.fdopen(stdout_fd, "wb") as stdout:
+            for line in stdin:
+                stdout.write(line)  # echo
+                stdout.flush()
+        if ended is not None:
+            conn.sendall(_line({"jsonrpc": "2.0", "method": "mcpool/ended", "params": ended}))
+
+    handler.takes_handoff = True  # type: ignore[attr-defined]
+    return handler
+
+
+def test_hand_off_gives_the_daemon_stdio_and_exits_0_when_the_client_closed(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    handler = serve_handed_off({"reason": "the client disconnected", "clientClosed": True})
+    fake = daemon_factory(handler)
+    handler.fake = fake  # type: ignore[attr-defined]
+    proc = start_attach(fake.path, sock_dir)
+    assert proc.stdin is not None
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    proc.stdin.write(msg)
+    proc.stdin.flush()
+    # The fake echoes on the fds it was handed: the bridge itself relays nothing.
+    assert read_line(proc) == msg
+    out, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, out, err) == (0, b"", b"")
+    assert fake.attach_requests[0]["params"]["handoff"] is True  # type: ignore[index]
+
+
+def test_hand_off_ended_by_the_daemon_exits_1_with_its_reason(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    handler = serve_handed_off({"reason": "the daemon is shutting down", "clientClosed": False})
+    fake = daemon_factory(handler)
+    handler.fake = fake  # type: ignore[attr-defined]
+    proc = start_attach(fake.path, sock_dir)
+    _out, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, err) == (1, b"mcpool attach: the daemon is shutting down\n")
+
+
+def test_hand_off_daemon_gone_without_a_word_exits_1(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+) -> None:
+    handler = serve_handed_off(None)
+    fake = daemon_factory(handler)
+    handler.fake = fake  # type: ignore[attr-defined]
+    proc = start_attach(fake.path, sock_dir)
+    _out, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, err) == (1, b"mcpool attach: the daemon closed the connection\n")
+
+
+@pytest.mark.parametrize("why", ["env", "file"])
+def test_no_hand_off_for_a_file_on_stdin_or_when_relay_is_asked_for(
+    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon], why: str
+) -> None:
+    fake = daemon_factory(echo_after())
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    requests = sock_dir / "requests.jsonl"
+    requests.write_bytes(msg)
+    env = dict(os.environ, XDG_CONFIG_HOME=str(sock_dir / "config"))
+    if why == "env":
+        env["MCPOOL_ATTACH_RELAY"] = "1"
+    argv = [sys.executable, "-m", "mcpool", "attach", "--socket", str(fake.path)]
+    with open(requests, "rb") as stdin:
+        if why == "file":
+            done = subprocess.run(
+                argv, stdin=stdin, capture_output=True, cwd=sock_dir, env=env, timeout=WAIT
+            )
+        else:
+            done = subprocess.run(
+                argv, input=msg, capture_output=True, cwd=sock_dir, env=env, timeout=WAIT
+            )
+    assert (done.returncode, done.stdout) == (0, msg)
+    assert "handoff" not in fake.attach_requests[0]["params"]  # type: ignore[operator]
+    assert fake.offered == 0
