@@ -17,8 +17,8 @@ from typing import Any
 
 from _common import table, write_result
 
-from mcpool.protocol import LineFramer, decode, request
-from mcpool.session._session import _encoder, _RawResult, decode_params
+from mcpool.protocol import LineFramer, Response, decode, decode_params, request
+from mcpool.session._session import _encoder
 
 REQUEST = (
     b'{"jsonrpc":"2.0","id":1234,"method":"tools/call",'
@@ -67,7 +67,7 @@ def main() -> None:
         ("response: pending-id map", pending_roundtrip),
         (
             "response: encode for the client",
-            lambda: _encoder.encode(_RawResult("2.0", 1234, resp.result)) + b"\n",
+            lambda: _encoder.encode(Response("2.0", 1234, resp.result)) + b"\n",
         ),
     ]
     rows, results, total = [], {}, 0.0
