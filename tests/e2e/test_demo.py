@@ -6,15 +6,15 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from e2e.harness import kill_leftovers
 
-# The promise on a fresh machine; a warm run takes about a second.
-DEMO_BUDGET = 15.0
+# Bounds a hung demo only: its promise (under 15 s on a fresh machine) is measured by
+# tools/bench/demo.py, not asserted here; a warm run takes about a second.
+DEMO_TIMEOUT = 60.0
 
 
 def test_demo_shows_sharing_and_cleans_up(tmp_path: Path) -> None:
@@ -22,21 +22,18 @@ def test_demo_shows_sharing_and_cleans_up(tmp_path: Path) -> None:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
     env["HOME"] = str(home)
-    began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "mcpool", "demo"],
         capture_output=True,
-        timeout=DEMO_BUDGET * 2,
+        timeout=DEMO_TIMEOUT,
         check=False,
         env=env,
         cwd=home,
     )
-    took = time.monotonic() - began
     out = done.stdout.decode()
     root = re.search(r"private daemon on (\S+)/daemon\.sock", out)
     try:
         assert done.returncode == 0, out + done.stderr.decode()
-        assert took < DEMO_BUDGET
         # What each session sees, by policy.
         assert re.search(r"reader\s+includeTools\s+list_notes, search_notes, server_info\n", out)
         assert re.search(
