@@ -21,6 +21,7 @@ import errno
 import fcntl
 import gc
 import os
+import select
 import signal
 import socket
 import stat
@@ -131,6 +132,7 @@ class Daemon:
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
         self.watcher = SettingsWatcher(self.files_changed, self.stale_files)
+        self.bridges = _BridgeSockets()
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
@@ -322,6 +324,7 @@ class Daemon:
                 async with trio.open_nursery() as conn_nursery:
                     conn_nursery.start_soon(self._accept_loop, listener)
                     conn_nursery.start_soon(self._watch_signals)
+                    conn_nursery.start_soon(self.bridges.run)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
                     if self.http_bind is not None:
@@ -347,6 +350,7 @@ class Daemon:
                 os.unlink(self.sock_path)
             if self.guardian is not None:
                 self.guardian.close()
+            self.bridges.close()
             self.log("info", "daemon stopped")
         return 0
 
@@ -419,70 +423,85 @@ class Daemon:
             raw.close()
 
     async def _serve_peer(self, raw: socket.socket, peer_pid: int) -> None:
+        """One connection: its first message says what it is (admin, attach, a raw client).
+
+        Flat on purpose: a session's connection lives as long as the session, and each await
+        level it sits under is a coroutine frame kept for that long (about 0.5 KB a level).
+        """
         fd = raw.fileno()
         framer = LineFramer(self.options.max_message_bytes)
-        # fds that came with the first message (an attach bridge handing over its stdio); the
-        # session takes them, and whatever it does not take is closed on the way out.
+        # fds that came with the first message (an attach bridge handing over its stdio); a
+        # session that takes them owns them, and whatever is not taken is closed on the way out.
         handed: list[int] = []
         try:
-            await self._serve_first(raw, fd, framer, peer_pid, handed)
+            async with trio.open_nursery() as nursery:
+                # No writer task while nothing is queued: an idle session costs no task for it.
+                writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
+                first, pending = await self._read_first(raw, framer, writer, handed)
+                if first is not None and str(first.method).startswith("mcpool/admin/"):
+                    await self._serve_admin(fd, writer, framer, first, pending)
+                elif first is not None:
+                    opened = self._open_connection_session(
+                        fd, writer, first, peer_pid, handed, nursery.start_soon
+                    )
+                    if opened is not None:
+                        state, in_fd, out = opened
+                        client_closed = False
+                        try:
+                            if in_fd == fd:
+                                await self._run_session(state, fd, writer, framer, pending)
+                            else:
+                                fresh = LineFramer(self.options.max_message_bytes)
+                                client_closed = await self._run_session(
+                                    state, in_fd, out, fresh, []
+                                )
+                                with trio.move_on_after(HANDOFF_DRAIN_BOUND):
+                                    await out.wait_drained()
+                        finally:
+                            if in_fd != fd:
+                                self._end_handoff(fd, writer, state, in_fd, out, client_closed)
+                if first is not None:
+                    with trio.move_on_after(1.0):
+                        await writer.wait_drained()
+                nursery.cancel_scope.cancel()
         finally:
             for received in handed:
                 os.close(received)
 
-    async def _serve_first(
-        self,
-        raw: socket.socket,
-        fd: int,
-        framer: LineFramer,
-        peer_pid: int,
-        handed: list[int],
-    ) -> None:
-        async with trio.open_nursery() as nursery:
-            # No writer task while nothing is queued: an idle session costs no task for it.
-            writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
-            pending: list[bytes] = []
-            first: Message | None = None
-            with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
-                while first is None:
-                    data = await _recv_with_fds(raw, handed)
-                    if not data:
-                        nursery.cancel_scope.cancel()
-                        return
+    async def _read_first(
+        self, raw: socket.socket, framer: LineFramer, writer: FdWriter, handed: list[int]
+    ) -> tuple[Message | None, list[bytes]]:
+        """The connection's first message and the lines read behind it (None: it said nothing
+        usable in time, or closed)."""
+        fd = raw.fileno()
+        pending: list[bytes] = []
+        first: Message | None = None
+        with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
+            while first is None:
+                data = await _recv_with_fds(raw, handed)
+                if not data:
+                    return None, []
+                try:
+                    lines = framer.feed(data)
+                except MessageTooLarge as exc:
+                    await self._fail_and_close(fd, writer, exc)
+                    return None, []
+                while lines and first is None:
+                    line = lines.pop(0)
                     try:
-                        lines = framer.feed(data)
-                    except MessageTooLarge as exc:
-                        await self._fail_and_close(fd, writer, exc)
-                        nursery.cancel_scope.cancel()
-                        return
-                    while lines and first is None:
-                        line = lines.pop(0)
-                        try:
-                            decoded = decode(line)
-                        except McpoolError as exc:
-                            writer.write(self._error_line(None, exc))
-                            continue
-                        if isinstance(decoded, list):
-                            first = decoded[0]
-                            pending.append(line)
-                            break
-                        first = decoded
-                        if not (
-                            isinstance(first.method, str) and first.method.startswith("mcpool/")
-                        ):
-                            pending.append(line)
-                    pending.extend(lines)
-            if first is None:
-                nursery.cancel_scope.cancel()
-                return
-            method = first.method if isinstance(first.method, str) else ""
-            if method.startswith("mcpool/admin/"):
-                await self._serve_admin(fd, writer, framer, first, pending)
-            else:
-                await self._serve_session(fd, writer, framer, first, pending, peer_pid, handed)
-            with trio.move_on_after(1.0):
-                await writer.wait_drained()
-            nursery.cancel_scope.cancel()
+                        decoded = decode(line)
+                    except McpoolError as exc:
+                        writer.write(self._error_line(None, exc))
+                        continue
+                    if isinstance(decoded, list):
+                        first = decoded[0]
+                        pending.append(line)
+                        break
+                    first = decoded
+                    if not (isinstance(first.method, str) and first.method.startswith("mcpool/")):
+                        pending.append(line)
+                pending.extend(lines)
+        return first, pending
 
     async def _fail_and_close(self, fd: int, writer: FdWriter, exc: McpoolError) -> None:
         try:
@@ -501,16 +520,18 @@ class Daemon:
 
     # -- sessions ------------------------------------------------------------------------------
 
-    async def _serve_session(
+    def _open_connection_session(
         self,
         fd: int,
         writer: FdWriter,
-        framer: LineFramer,
         first: Message,
-        pending: list[bytes],
         peer_pid: int,
         handed: list[int],
-    ) -> None:
+        spawn: Any,
+    ) -> tuple[_SessionState, int, FdWriter] | None:
+        """Open the session a connection's first message asks for and answer the attach: the
+        state, the fd its client's messages arrive on and the writer its answers go to (the
+        connection's own, or the handed-off stdin and stdout). None: refused (answered)."""
         assert self.pool is not None
         handoff = False
         if first.method == "mcpool/attach":
@@ -519,7 +540,7 @@ class Daemon:
                 if not isinstance(params, dict):
                     raise ValueError("params must be an object")
                 # abspath is string work on absolute paths (the bridge sends them): no I/O.
-                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]  # noqa: ASYNC240
+                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]
                 cwd = params.get("cwd")
                 name = str(params.get("name") or "session")
                 handoff = params.get("handoff") is True and _usable_stdio(handed)
@@ -529,27 +550,61 @@ class Daemon:
                         request_id(first), INVALID_PARAMS, "Invalid attach", {"reason": str(exc)}
                     )
                 )
-                return
+                return None
         else:
             sources, cwd, name = [self.config_path], None, "socket"
+        in_fd, out = fd, writer
         if handoff:
             in_fd, out_fd = handed
-            handed.clear()  # ours now: closed below, after the session
-            await self._serve_handed_off(
-                fd, writer, in_fd, out_fd, first, name, sources, cwd, peer_pid
-            )
-            return
+            os.set_blocking(in_fd, False)
+            os.set_blocking(out_fd, False)
+            # The connection's nursery runs its drain task, so it can still drain once the
+            # session's own nursery is gone.
+            out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=spawn)
+            handed.clear()  # the session's now: _end_handoff closes them
         state = self.open_session(
-            writer,
+            out,
             name=name,
             sources=sources,
             peer=peer_pid,
             cwd=cwd if isinstance(cwd, str) else None,
-            via="socket" if first.method != "mcpool/attach" else "attach-relay",
+            via="attach"
+            if handoff
+            else "attach-relay"
+            if first.method == "mcpool/attach"
+            else "socket",
         )
+        if handoff:
+            # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a
+            # handed-off session holds no task beyond a socket session's.
+            self.bridges.add(fd, state.session)
         if first.method == "mcpool/attach":
-            writer.write(response(request_id(first), self._attach_result(state)))
-        await self._run_session(state, fd, writer, framer, pending)
+            writer.write(response(request_id(first), self._attach_result(state, handoff)))
+        return state, in_fd, out
+
+    def _end_handoff(
+        self,
+        control_fd: int,
+        control: FdWriter,
+        state: _SessionState,
+        in_fd: int,
+        out: FdWriter,
+        client_closed: bool,
+    ) -> None:
+        """Release a handed-off session's fds and tell its bridge how it ended. Synchronous, so
+        it runs in full even while the daemon is cancelling the connection (shutdown)."""
+        self.bridges.remove(control_fd)
+        self._linger.discard(in_fd)  # an oversized message's linger is the bridge socket's
+        out_fd = out.fd
+        out.close()
+        for handed_fd in (in_fd, out_fd):
+            trio.lowlevel.notify_closing(handed_fd)
+            os.close(handed_fd)
+        reason = state.session.close_reason or "the session ended"
+        with contextlib.suppress(WriterClosed):
+            control.write(
+                notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})
+            )
 
     def _attach_result(self, state: _SessionState, handoff: bool = False) -> dict[str, Any]:
         result = {"session": state.session.id, "daemonPid": self.pid, "version": __version__}
@@ -564,7 +619,6 @@ class Daemon:
         writer: FdWriter,
         framer: LineFramer,
         pending: list[bytes],
-        control_fd: int | None = None,
     ) -> bool:
         """Serve one session until it ends; True when the client ended it (end of input)."""
         session = state.session
@@ -574,8 +628,6 @@ class Daemon:
                 session.on_close = lambda _s: nursery.cancel_scope.cancel()
                 session.spawn = nursery.start_soon  # a notifier task only while one is due
                 nursery.start_soon(self.apply_to_session, state)
-                if control_fd is not None:
-                    nursery.start_soon(_close_when_eof, control_fd, session)
                 for line in pending:
                     session.handle_line(line)
                 while not session.closed:
@@ -594,55 +646,6 @@ class Daemon:
         finally:
             self.close_session(state, "the client disconnected")
         return client_closed
-
-    async def _serve_handed_off(
-        self,
-        control_fd: int,
-        control: FdWriter,
-        in_fd: int,
-        out_fd: int,
-        first: Message,
-        name: str,
-        sources: list[str],
-        cwd: Any,
-        peer_pid: int,
-    ) -> None:
-        """A session on the client's own stdin/stdout, handed over by `mcpool attach`; the
-        bridge's socket carries only the attach answer and, at the end, `mcpool/ended`."""
-        client_closed = False
-        try:
-            os.set_blocking(in_fd, False)
-            os.set_blocking(out_fd, False)
-            async with trio.open_nursery() as io:
-                out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=io.start_soon)
-                state = self.open_session(
-                    out,
-                    name=name,
-                    sources=sources,
-                    peer=peer_pid,
-                    cwd=cwd if isinstance(cwd, str) else None,
-                    via="attach",
-                )
-                control.write(response(request_id(first), self._attach_result(state, True)))
-                try:
-                    framer = LineFramer(self.options.max_message_bytes)
-                    client_closed = await self._run_session(
-                        state, in_fd, out, framer, [], control_fd=control_fd
-                    )
-                finally:
-                    with trio.move_on_after(HANDOFF_DRAIN_BOUND, shield=True):
-                        await out.wait_drained()
-                    io.cancel_scope.cancel()
-        finally:
-            self._linger.discard(in_fd)  # an oversized message's linger is the bridge's socket's
-            for handed_fd in (in_fd, out_fd):
-                trio.lowlevel.notify_closing(handed_fd)
-                os.close(handed_fd)
-        reason = state.session.close_reason or "the session ended"
-        with contextlib.suppress(WriterClosed):
-            control.write(
-                notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})
-            )
 
     def open_session(
         self,
@@ -1141,12 +1144,44 @@ def _usable_stdio(fds: list[int]) -> bool:
     return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
 
 
-async def _close_when_eof(fd: int, session: Session) -> None:
-    """The bridge's socket of a handed-off session: its end (the bridge exited or was killed)
-    ends the session, so the client's process and the session live and die together."""
-    while await read_some(fd):
-        pass  # the bridge sends nothing after the attach request
-    session.close("the attach bridge exited")
+class _BridgeSockets:
+    """The sockets of handed-off sessions' bridges, all watched by one task through one epoll
+    set: a bridge that exits (or is killed) closes its socket, and that ends its session, so a
+    client's server process and its session live and die together. A task per session would
+    cost ~3 KB each; this costs a dict entry."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._sessions: dict[int, Session] = {}
+
+    def add(self, fd: int, session: Session) -> None:
+        self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        self._sessions[fd] = session
+
+    def remove(self, fd: int) -> None:
+        if self._sessions.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
+
+    async def run(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+            for fd, _events in self._epoll.poll(0):
+                session = self._sessions.get(fd)
+                if session is None:
+                    continue
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # a bridge sends nothing after its attach request but its end
+                    self.remove(fd)
+                    session.close("the attach bridge exited")
+
+    def close(self) -> None:
+        self._epoll.close()
 
 
 async def _linger_close(fd: int) -> None:

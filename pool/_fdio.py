@@ -55,6 +55,10 @@ class FdWriter:
         self.error: str | None = None
 
     @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
     def buffered(self) -> int:
         return self._buffered
 
@@ -106,6 +110,10 @@ class FdWriter:
                 self._flush()
             if not self._chunks:
                 self._drained.set()
+        except trio.ClosedResourceError:
+            # The owner closed the fd (notify_closing) with data still queued: the peer stopped
+            # reading and its bounded wait ran out. Nothing more can be written.
+            self._fail("closed with unsent data")
         finally:
             self._draining = False
 

@@ -5,15 +5,21 @@ FAKE_TOOL_COUNT=50, plus its 9 built-in tools) through the same settings, so the
 policies. Each session attaches, initializes, and reads tools/list once (as every real client
 does right after initialize); RSS is taken before and after that tools/list so the cost of the
 listing is visible on its own. Per-session KB is the slope between 100 and 1,000 sessions.
+`--via attach` makes each session as `mcpool attach` does when it hands its stdio to the daemon
+(a pipe pair passed with the attach request; the bridge processes themselves are left out):
+such a session also holds the task that watches the bridge's socket.
 The daemon's own RSS only; the upstreams are separate processes. Targets (issue 9): idle
 daemon at most 35 MB, at most 16 KB per idle session when sessions share policies.
 
-    .venv/bin/python tools/bench/memory.py [--sessions 100,1000]
+    .venv/bin/python tools/bench/memory.py [--sessions 100,1000] [--via socket|attach]
+    (1,000 sessions need `ulimit -n 8192`)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import socket
 import time
 from typing import Any
@@ -32,17 +38,39 @@ def settle_rss(daemon: Daemon) -> int:
     return daemon.rss()
 
 
-def attach(daemon: Daemon, i: int) -> tuple[socket.socket, LineConn]:
-    s, conn = daemon.connect(f"m{i}")
+def attach(daemon: Daemon, i: int, via: str = "socket") -> tuple[socket.socket, LineConn]:
+    s, conn = daemon.connect(f"m{i}") if via == "socket" else handed_off(daemon, f"m{i}")
     conn.send(INIT)
     conn.recv()
     conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     return s, conn
 
 
+def handed_off(daemon: Daemon, name: str) -> tuple[socket.socket, LineConn]:
+    """A session on a pipe pair handed to the daemon, as `mcpool attach` makes it."""
+    to_daemon_r, to_daemon_w = os.pipe()
+    from_daemon_r, from_daemon_w = os.pipe()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(daemon.sock)
+    request = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "mcpool/attach",
+        "params": {"sources": [daemon.config], "cwd": daemon.dir, "name": name, "handoff": True},
+    }
+    socket.send_fds(s, [json.dumps(request).encode() + b"\n"], [to_daemon_r, from_daemon_w])
+    os.close(to_daemon_r)
+    os.close(from_daemon_w)
+    answer = json.loads(s.makefile("rb").readline())
+    assert answer["result"].get("handoff") is True, answer
+    conn = LineConn(os.fdopen(from_daemon_r, "rb"), os.fdopen(to_daemon_w, "wb"))
+    return s, conn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", default="100,1000")
+    ap.add_argument("--via", choices=["socket", "attach"], default="socket")
     args = ap.parse_args()
     counts = [int(x) for x in args.sessions.split(",")]
     servers = {
@@ -59,7 +87,7 @@ def main() -> None:
         rows.append(["idle (no session, no upstream)", f"{idle / 2**20:.1f} MB", ""])
         # One session first so the entries are spawned and discovered: their snapshots are
         # shared by every session and are not a per-session cost.
-        conns.append(attach(daemon, 0))
+        conns.append(attach(daemon, 0, args.via))
         conns[0][1].send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         assert len(conns[0][1].recv()["result"]["tools"]) == SERVERS * (TOOLS + 9)
         one = settle_rss(daemon)
@@ -69,7 +97,7 @@ def main() -> None:
         per: dict[int, tuple[int, int]] = {}
         for n in counts:
             while len(conns) < n:
-                conns.append(attach(daemon, len(conns)))
+                conns.append(attach(daemon, len(conns), args.via))
             before = settle_rss(daemon)
             for _, conn in conns[listed:]:
                 conn.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
@@ -100,11 +128,20 @@ def main() -> None:
             s.close()
         daemon.stop()
     print(table(["daemon state", "RSS", "target"], rows))
-    print(f"({SERVERS} servers x {TOOLS + 9} tools per session view, shared policies)")
+    print(
+        f"({SERVERS} servers x {TOOLS + 9} tools per session view, shared policies;"
+        f" sessions via {args.via})"
+    )
     print(
         "wrote",
         write_result(
-            "memory", {"servers": SERVERS, "tools_per_server": TOOLS + 9, "results": results}
+            f"memory-{args.via}" if args.via != "socket" else "memory",
+            {
+                "servers": SERVERS,
+                "tools_per_server": TOOLS + 9,
+                "via": args.via,
+                "results": results,
+            },
         ),
     )
 
