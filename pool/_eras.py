@@ -46,7 +46,7 @@ MODERN = "modern"
 LOCAL_ON_MODERN = frozenset({"logging/setLevel", "resources/subscribe", "resources/unsubscribe"})
 
 # The listen filter's flag per list kind (capability name -> SubscriptionFilter field).
-_LIST_FLAGS = {
+LIST_FLAGS = {
     "tools": "toolsListChanged",
     "prompts": "promptsListChanged",
     "resources": "resourcesListChanged",
@@ -139,7 +139,7 @@ def listen_filter(capabilities: dict[str, Any], uris: set[str] | frozenset[str])
     """The `subscriptions/listen` filter for a modern upstream: every list kind it announces
     changes for, and the resources some session subscribed to. Empty: no stream is needed."""
     wanted: dict[str, Any] = {}
-    for kind, flag in _LIST_FLAGS.items():
+    for kind, flag in LIST_FLAGS.items():
         cap = capabilities.get(kind)
         if isinstance(cap, dict) and cap.get("listChanged") is True:
             wanted[flag] = True

@@ -75,6 +75,12 @@ UPSTREAM_WRITE_BUFFER = 64 * 1024 * 1024  # a stuck child's stdin may hold this 
 # discover (`_eras.locked_modern`). Never the SDK's fixed 10 s: that is 10 s on every spawn of
 # such a server.
 PROBE_TIMEOUT = 1.5
+# A listen stream the server ended is reopened after this, doubling for each stream in a row that
+# ended before LISTEN_STABLE, up to LISTEN_REOPEN_MAX: a server that ends every stream at once
+# costs a request every 30 s, not a loop, and one that ends a stream now and then loses ~1 s.
+LISTEN_REOPEN_INITIAL = 1.0
+LISTEN_REOPEN_MAX = 30.0
+LISTEN_STABLE = 60.0
 
 
 # What the daemon declares to upstreams: it relays sampling and elicitation to the session that
@@ -104,6 +110,12 @@ class _GroupRegistry(Protocol):
 
 _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+
+def listen_reopen_delay(short_runs: int) -> float:
+    """Seconds before reopening a listen stream the server ended, after `short_runs` streams in
+    a row that it ended early (1 is the first)."""
+    return min(LISTEN_REOPEN_MAX, LISTEN_REOPEN_INITIAL * (1 << min(max(0, short_runs - 1), 16)))
 
 
 class StdioUpstream:
@@ -152,6 +164,9 @@ class StdioUpstream:
         self._listen_wanted = trio.Event()
         self.listen_filter: dict[str, Any] = {}  # what the current stream asked for (info)
         self._listens: set[str] = set()  # ids of our listen streams still open
+        self._listen_ended = False  # the server ended the current stream: reopen (with backoff)
+        self._listen_opened_at = 0.0
+        self._listen_short_runs = 0  # streams in a row the server ended before LISTEN_STABLE
 
     # -- sending (synchronous: no task switch on the hot path) -------------------------------
 
@@ -449,15 +464,38 @@ class StdioUpstream:
         """Modern era: one `subscriptions/listen` stream for what the pool must hear about.
 
         Reopened (new stream first, then the old one cancelled, so nothing falls between them)
-        whenever the resource set changes. A stream the server ends is not reopened until the
-        set changes again: a server that ends streams would otherwise be reopened in a loop.
+        whenever the resource set changes. A stream the server ends is reopened after a backoff
+        (`listen_reopen_delay`), and what it may have carried meanwhile is caught up: each list
+        it listens for is re-listed (sessions hear of it only if their view changed) and each
+        subscribed resource is reported updated (a client re-reads it).
         """
         while True:
+            if self._listen_ended:
+                self._listen_ended = False
+                lived = trio.current_time() - self._listen_opened_at
+                self._listen_short_runs = (
+                    0 if lived >= LISTEN_STABLE else self._listen_short_runs + 1
+                )
+                await trio.sleep(listen_reopen_delay(self._listen_short_runs))
+                wanted = _eras.listen_filter(self.server_capabilities, self.listen_uris)
+                if self._listen_id is None and wanted and self.alive:
+                    self._open_listen(wanted)
+                    self._catch_up(wanted)
             wanted = _eras.listen_filter(self.server_capabilities, self.listen_uris)
             if wanted != self.listen_filter or (wanted and self._listen_id is None):
                 self._open_listen(wanted)
             await self._listen_wanted.wait()
             self._listen_wanted = trio.Event()
+
+    def _catch_up(self, wanted: dict[str, Any]) -> None:
+        """What a listen stream may have missed while none was open, as if it had arrived."""
+        for kind, flag in _eras.LIST_FLAGS.items():
+            if wanted.get(flag) is True:
+                self._events.on_notification(f"notifications/{kind}/list_changed", UNSET)
+        for uri in wanted.get("resourceSubscriptions") or ():
+            self._events.on_notification(
+                "notifications/resources/updated", Raw(msgspec.json.encode({"uri": uri}))
+            )
 
     def _open_listen(self, wanted: dict[str, Any]) -> None:
         old = self._listen_id
@@ -469,6 +507,7 @@ class StdioUpstream:
             self._listen_id = listen_id
             params = self.prepare({"notifications": wanted}, {})
             self._listens.add(listen_id)
+            self._listen_opened_at = trio.current_time()
             self._write(request(listen_id, "subscriptions/listen", params))
         if old is not None:
             # Late frames of the old stream still reach the event sink: a list_changed only
@@ -490,8 +529,7 @@ class StdioUpstream:
                 # The stream's result: the server ended it (gracefully, or with an error).
                 self._listens.discard(msg.id)
                 if msg.id == self._listen_id:
-                    self._listen_id = None
-                    self.stderr_tail.append(f"[mcpool] the server ended listen stream {msg.id}")
+                    self._listen_ended_by_server(msg.id)
                 return True
             return False
         if msg.method == "notifications/cancelled" and msg.params is not UNSET:
@@ -503,9 +541,15 @@ class StdioUpstream:
                 # On stdio the server ends a listen stream with a cancel naming it.
                 self._listens.discard(rid)
                 if rid == self._listen_id:
-                    self._listen_id = None
+                    self._listen_ended_by_server(rid)
                 return True
         return False
+
+    def _listen_ended_by_server(self, listen_id: str) -> None:
+        self._listen_id = None
+        self._listen_ended = True
+        self._listen_wanted.set()
+        self.stderr_tail.append(f"[mcpool] the server ended listen stream {listen_id}")
 
     async def _watch_exit(self, proc: trio.Process) -> None:
         self.exit_status = await proc.wait()

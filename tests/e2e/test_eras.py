@@ -186,3 +186,58 @@ async def test_a_slow_starting_2026_server_is_still_found_modern(daemon_factory:
         assert "up__pid" in [t.name for t in listed.tools]
     (server,) = await d.ctl("servers")
     assert server["era"] == "modern"
+
+
+# A 2026-era server that ends the first listen stream it is sent (with a result, as a server
+# that restarts its notification machinery does) and only then gains a tool: that change could
+# only have reached mcpool on the ended stream.
+ENDING_LISTEN_UPSTREAM = """
+import json, sys
+tools = [{"name": "first", "inputSchema": {"type": "object"}}]
+listens = 0
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, rid = msg.get("method"), msg.get("id")
+    if method == "server/discover":
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "supportedVersions": ["2026-07-28"],
+            "capabilities": {"tools": {"listChanged": True}},
+            "resultType": "complete",
+            "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "ending", "version": "1"}},
+        }})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": tools, "resultType": "complete"}})
+    elif method == "subscriptions/listen":
+        listens += 1
+        send({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+              "params": {"_meta": {"io.modelcontextprotocol/related-request-id": rid}}})
+        if listens == 1:
+            send({"jsonrpc": "2.0", "id": rid, "result": {"resultType": "complete"}})
+            tools.append({"name": "late", "inputSchema": {"type": "object"}})
+    elif rid is not None and method is not None:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no " + method}})
+"""
+
+
+async def test_a_listen_stream_the_server_ends_is_reopened_and_what_it_missed_caught_up(
+    daemon_factory: Any,
+) -> None:
+    d = await daemon_factory()
+    script = d.root / "ending.py"
+    script.write_text(ENDING_LISTEN_UPSTREAM)
+    settings = write_settings(
+        d.root / "s.json", {"up": {"command": sys.executable, "args": [str(script)]}}
+    )
+    inbox = Inbox()
+    async with d.attach([settings], "legacy", message_handler=inbox) as legacy:
+        # The tool added after the stream ended shows up: the stream was reopened (after its
+        # backoff, 1 s) and the tools re-listed, and the session was told.
+        await inbox.wait_for(types.ToolListChangedNotification)
+        with trio.fail_after(WAIT):
+            listed = await legacy.list_tools()
+        assert sorted(t.name for t in listed.tools) == ["up__first", "up__late"]
+    (server,) = await d.ctl("servers")
+    assert server["era"] == "modern"
