@@ -24,7 +24,7 @@ from ._spec import (
     redact_url,
     transport_kind,
 )
-from ._upstream import StdioUpstream, UpstreamEvents
+from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
     "READ_CHUNK",
@@ -45,6 +45,7 @@ __all__ = [
     "Snapshot",
     "StdioUpstream",
     "TransportIdentity",
+    "Upstream",
     "UpstreamEvents",
     "WriterClosed",
     "backoff_delay",

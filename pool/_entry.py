@@ -26,7 +26,7 @@ from mcpool.protocol import Message
 from ._spec import ServerSettings, TransportIdentity
 
 if TYPE_CHECKING:
-    from ._upstream import StdioUpstream
+    from ._upstream import Upstream
 
 
 class EntryState(enum.Enum):
@@ -145,7 +145,7 @@ class EntryListener(Protocol):
         self, entry: PoolEntry, method: str, params: Raw | UnsetType
     ) -> None: ...
 
-    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> str | None:
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
         """Relay a server-to-client request; None when relayed, else why not (an error)."""
         ...
 
@@ -204,7 +204,7 @@ class PoolEntry:
         self.state = EntryState.SPAWNING
         self.handles: dict[int, Handle] = {}
         self.snapshot = Snapshot(generation=0)
-        self.upstream: StdioUpstream | None = None
+        self.upstream: Upstream | None = None
         self.ready = trio.Event()  # set after the first attempt, successful or not
         self.closing = False
         self.restarts = 0

@@ -1,11 +1,12 @@
 """HTTP upstream connections: streamable HTTP (`httpUrl`, `"type": "http"`) and HTTP+SSE (`url`).
 
-Theory of operation: `HttpUpstream` is a `StdioUpstream` whose wire is HTTP instead of a pipe. The
-JSON-RPC half of the base class is used unchanged: ids minted per connection and never reused
-(P2), the pending map and `call`, `_dispatch` (ping and roots/list answered here, notifications
-and server-to-client requests to the entry's event sink), era detection and the handshake. Only
-the transport is replaced: `_write` queues an encoded message for the sender task, and `run` is
-the single owner of the HTTP client, which it opens, uses and closes (STYLE: one owner task).
+Theory of operation: `HttpUpstream` is an `Upstream` (the transport-neutral connection of
+`_upstream`) whose wire is HTTP. The JSON-RPC half comes from the base class unchanged: ids
+minted per connection and never reused (P2), the pending map and `call`, `_dispatch` (ping and
+roots/list answered here, notifications and server-to-client requests to the entry's event
+sink), era detection and the handshake. This module supplies the transport: `_write` queues an
+encoded message for the sender task, and `run` is the single owner of the HTTP client, which
+it opens, uses and closes (STYLE: one owner task).
 
 Streamable HTTP: every message is one POST. A request's POST answers with JSON or with an SSE
 stream that carries the response and whatever the server sends in relation to it; messages from
@@ -43,7 +44,7 @@ from mcpool.protocol import MODERN_VERSION, McpoolError, Message, UpstreamUnavai
 
 from . import _eras
 from ._spec import TransportIdentity, redact_url
-from ._upstream import UPSTREAM_WRITE_BUFFER, StdioUpstream, UpstreamEvents
+from ._upstream import UPSTREAM_WRITE_BUFFER, Upstream, UpstreamEvents
 
 if TYPE_CHECKING:
     import httpx2
@@ -84,8 +85,8 @@ def _httpx() -> Any:
     return httpx2
 
 
-class HttpUpstream(StdioUpstream):
-    """One connection to a remote MCP server; same interface as `StdioUpstream`."""
+class HttpUpstream(Upstream):
+    """One connection to a remote MCP server."""
 
     # Tests put a fake server here (an `httpx2.MockTransport` factory), as httpcore takes a
     # `network_backend=`; None is the real network.
@@ -101,11 +102,10 @@ class HttpUpstream(StdioUpstream):
         handshake_timeout: float,
         roots: tuple[str, ...] = (),
     ) -> None:
-        # No process group: the guardian has nothing to kill for a remote server.
+        # `guardian` is accepted and unused: a remote server has no process group to kill.
         super().__init__(
             identity,
             events,
-            guardian=None,
             max_line=max_line,
             handshake_timeout=handshake_timeout,
             roots=roots,
@@ -122,7 +122,7 @@ class HttpUpstream(StdioUpstream):
         self._related: int | None = None
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
 
-    # -- the StdioUpstream interface ---------------------------------------------------------
+    # -- the transport (what Upstream asks of it) -------------------------------------------
 
     @property
     def alive(self) -> bool:
@@ -163,7 +163,7 @@ class HttpUpstream(StdioUpstream):
     # -- the owner task -----------------------------------------------------------------------
 
     async def run(
-        self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED
+        self, *, task_status: trio.TaskStatus[Upstream] = trio.TASK_STATUS_IGNORED
     ) -> None:
         httpx2 = _httpx()
         self.started_at = trio.current_time()

@@ -47,7 +47,7 @@ from ._entry import (
 )
 from ._guardian import Guardian
 from ._spec import ServerSettings, TransportIdentity, capture_settings
-from ._upstream import StdioUpstream
+from ._upstream import StdioUpstream, Upstream
 
 DEFAULT_DRAIN_GRACE = 30.0
 DEFAULT_MAX_IDLE = 300.0
@@ -87,9 +87,7 @@ def is_crash_loop(failure_times: list[float], *, now: float, window: float, limi
     return sum(1 for t in failure_times if now - t <= window) >= limit
 
 
-def default_upstream_factory(
-    identity: TransportIdentity, events: Any, **options: Any
-) -> StdioUpstream:
+def default_upstream_factory(identity: TransportIdentity, events: Any, **options: Any) -> Upstream:
     """The connection class for an identity's transport. The HTTP module (and its client
     library) is imported only when an HTTP or SSE server is actually started."""
     if identity.kind in ("http", "sse"):
@@ -107,7 +105,7 @@ class Pool:
         *,
         guardian: Guardian | None = None,
         rng: random.Random | None = None,
-        upstream_factory: Callable[..., StdioUpstream] | None = None,
+        upstream_factory: Callable[..., Upstream] | None = None,
         log: Callable[..., None] | None = None,
     ) -> None:
         self._nursery = nursery
@@ -392,7 +390,7 @@ class Pool:
         return failure
 
 
-def _with_exit_details(failure: str, upstream: StdioUpstream) -> str:
+def _with_exit_details(failure: str, upstream: Upstream) -> str:
     """Say how the process ended and what it last said: the first thing a user needs."""
     details = []
     if upstream.exit_status is not None and "status" not in failure:
@@ -418,7 +416,7 @@ def _describe(exc: BaseException) -> str:
 
 
 async def list_all(
-    upstream: StdioUpstream, method: str, field: str, timeout: float
+    upstream: Upstream, method: str, field: str, timeout: float
 ) -> tuple[dict[str, Any], ...]:
     items: list[dict[str, Any]] = []
     cursor: str | None = None
@@ -438,7 +436,7 @@ async def list_all(
     return tuple(items)
 
 
-async def discover(upstream: StdioUpstream, generation: int, timeout: float) -> Snapshot:
+async def discover(upstream: Upstream, generation: int, timeout: float) -> Snapshot:
     caps = upstream.server_capabilities
     empty: tuple[dict[str, Any], ...] = ()
     tools = prompts = resources = templates = empty
@@ -479,7 +477,7 @@ class _EntryEvents:
     def __init__(self, pool: Pool, entry: PoolEntry) -> None:
         self.pool = pool
         self.entry = entry
-        self.upstream: StdioUpstream | None = None
+        self.upstream: Upstream | None = None
         self.nursery: trio.Nursery | None = None
         self._relisting: dict[str, bool] = {}  # kind -> another relist wanted while one runs
         # list_changed that arrived during discovery: relisted once the first snapshot is out.
@@ -510,7 +508,7 @@ class _EntryEvents:
         for handle in list(entry.handles.values()):
             handle.listener.upstream_notification(entry, method, params)
 
-    def on_server_request(self, upstream: StdioUpstream, msg: Message) -> None:
+    def on_server_request(self, upstream: Upstream, msg: Message) -> None:
         """P5: a request from the upstream goes to the session that owns it, or is refused."""
         entry = self.entry
         handles = list(entry.handles.values())
@@ -608,7 +606,7 @@ def _ignore(msg: Message) -> None:
     pass
 
 
-def _restore_shared_state(entry: PoolEntry, upstream: StdioUpstream) -> None:
+def _restore_shared_state(entry: PoolEntry, upstream: Upstream) -> None:
     """After a (re)start: the level and subscriptions the sessions asked for apply again."""
     level = entry.effective_log_level()
     if level is not None:

@@ -1,4 +1,6 @@
-"""One stdio upstream connection: a child process spoken to in newline-delimited JSON-RPC.
+"""Upstream connections: `Upstream`, the transport-neutral JSON-RPC half (ids, replies,
+dispatch, eras, handshake, the listen stream), and `StdioUpstream`, a child process spoken to in
+newline-delimited JSON-RPC (`_http.HttpUpstream` is the other transport).
 
 Theory of operation: `StdioUpstream.run` is the single owner task of the child (STYLE: one owner
 per resource). It spawns the process in its own process group (so wrapper grandchildren such as
@@ -99,7 +101,7 @@ class UpstreamEvents(Protocol):
 
     def on_notification(self, method: str, params: Raw | UnsetType) -> None: ...
 
-    def on_server_request(self, upstream: StdioUpstream, msg: Message) -> None: ...
+    def on_server_request(self, upstream: Upstream, msg: Message) -> None: ...
 
 
 class _GroupRegistry(Protocol):
@@ -118,13 +120,22 @@ def listen_reopen_delay(short_runs: int) -> float:
     return min(LISTEN_REOPEN_MAX, LISTEN_REOPEN_INITIAL * (1 << min(max(0, short_runs - 1), 16)))
 
 
-class StdioUpstream:
+class Upstream:
+    """One MCP connection to a server, whatever carries it: the JSON-RPC half.
+
+    Ids are minted here and never reused (P2); `send_request` registers a reply callback and
+    writes synchronously; `_dispatch` routes what arrives (responses to their callbacks, ping
+    and roots/list answered here, modern listen frames consumed, everything else to the entry's
+    event sink); `_handshake` detects the era and opens the session; `_keep_listening` keeps a
+    modern server's listen stream. A transport subclass supplies `alive`, `_write`, `run` and
+    `_details` (see below) and calls `_dispatch` for every message it receives.
+    """
+
     def __init__(
         self,
         identity: TransportIdentity,
         events: UpstreamEvents,
         *,
-        guardian: _GroupRegistry | None,
         max_line: int,
         handshake_timeout: float,
         roots: tuple[str, ...] = (),
@@ -132,13 +143,11 @@ class StdioUpstream:
         self.identity = identity
         self.name = identity.name
         self._events = events
-        self._guardian = guardian
         self._max_line = max_line
         self._handshake_timeout = handshake_timeout
         self._roots = roots
         self._next_id = 1
         self._pending: dict[int, ReplyCallback] = {}
-        self._writer: FdWriter | None = None
         self._close_requested = trio.Event()
         self._exited = trio.Event()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
@@ -169,10 +178,6 @@ class StdioUpstream:
         self._listen_short_runs = 0  # streams in a row the server ended before LISTEN_STABLE
 
     # -- sending (synchronous: no task switch on the hot path) -------------------------------
-
-    @property
-    def alive(self) -> bool:
-        return self._writer is not None and not self._writer.closed and not self._exited.is_set()
 
     def send_request(
         self, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback
@@ -266,13 +271,6 @@ class StdioUpstream:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def _write(self, data: bytes) -> None:
-        assert self._writer is not None
-        try:
-            self._writer.write(data)
-        except WriterClosed:
-            self._close_requested.set()
-
     async def call(
         self, method: str, params: Any = UNSET, *, timeout: float, cancellable: bool = True
     ) -> Any:
@@ -340,69 +338,7 @@ class StdioUpstream:
             self.closed_reason = reason
         self._close_requested.set()
 
-    # -- the owner task -----------------------------------------------------------------------
-
-    async def run(
-        self, *, task_status: trio.TaskStatus[StdioUpstream] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        ident = self.identity
-        assert ident.command is not None
-        env = dict(os.environ)
-        env.update(dict(ident.env))
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = await trio.lowlevel.open_process(
-                [ident.command, *ident.args],
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                env=env,
-                cwd=_usable_dir(ident.cwd),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
-                os.close(fd)
-            raise UpstreamUnavailable(
-                self.name,
-                f"server '{self.name}' could not be started: {exc.strerror or exc}",
-                command=ident.command,
-            ) from exc
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        for fd in (in_w, out_r, err_r):
-            os.set_blocking(fd, False)
-        self.pid = proc.pid
-        self.started_at = trio.current_time()
-        if self._guardian is not None:
-            self._guardian.register(proc.pid)
-        self._writer = FdWriter(in_w, UPSTREAM_WRITE_BUFFER)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer.run)
-                nursery.start_soon(self._read_stdout, out_r)
-                nursery.start_soon(self._read_stderr, err_r)
-                nursery.start_soon(self._watch_exit, proc)
-                try:
-                    await self._handshake()
-                except BaseException:
-                    self.request_close("handshake failed")
-                    raise
-                if self.era is _eras.MODERN:
-                    nursery.start_soon(self._keep_listening)
-                task_status.started(self)
-                await self._close_requested.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._shutdown(proc, in_w)
-                os.close(out_r)
-                os.close(err_r)
-                if self._guardian is not None:
-                    self._guardian.unregister(proc.pid)
-                self._fail_pending()
+    # -- the connection (shared by every transport) ------------------------------------------
 
     async def _handshake(self) -> None:
         """P1: probe `server/discover`, bounded; any error or no answer means `initialize`."""
@@ -551,35 +487,6 @@ class StdioUpstream:
         self._listen_wanted.set()
         self.stderr_tail.append(f"[mcpool] the server ended listen stream {listen_id}")
 
-    async def _watch_exit(self, proc: trio.Process) -> None:
-        self.exit_status = await proc.wait()
-        self._exited.set()
-        if self.closed_reason is None:
-            self.closed_reason = f"exited with status {self.exit_status}"
-        self._fail_pending()
-        self._close_requested.set()
-
-    async def _read_stdout(self, fd: int) -> None:
-        framer = LineFramer(self._max_line)
-        while True:
-            data = await read_some(fd)
-            if not data:
-                # Usually the process is exiting: its status makes the error much clearer.
-                with trio.move_on_after(EXIT_STATUS_WAIT):
-                    await self._exited.wait()
-                if self.closed_reason is None:
-                    self.closed_reason = "closed its stdout"
-                self._fail_pending()
-                self._close_requested.set()
-                return
-            try:
-                lines = framer.feed(data)
-            except _MessageTooLarge:
-                self.request_close(f"sent a message larger than {self._max_line} bytes")
-                return
-            for line in lines:
-                self._dispatch(line)
-
     def _dispatch(self, line: bytes) -> None:
         try:
             decoded = decode(line)
@@ -610,6 +517,170 @@ class StdioUpstream:
             else:
                 self._events.on_server_request(self, msg)
 
+    def _fail_pending(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        err = UpstreamClosed(
+            self.name,
+            f"server '{self.name}' {self.closed_reason or 'closed'} "
+            "while the request was in flight",
+            **self._details(),
+        )
+        obj = err.to_error_object()
+        raw_error = msgspec.Raw(msgspec.json.encode(obj))
+        for uid, cb in pending.items():
+            cb(Message(jsonrpc="2.0", id=uid, error=raw_error))
+
+    # -- what a transport provides ----------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether messages can be sent now."""
+        raise NotImplementedError
+
+    def _write(self, data: bytes) -> None:
+        """Send one encoded message (a line); never blocks. A failure closes the connection."""
+        raise NotImplementedError
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Upstream] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The connection's one owner task: connect, `_handshake`, report started, serve
+        (handing each received message to `_dispatch`) until `request_close`, then close;
+        on the way out set `_exited` and `_fail_pending`."""
+        raise NotImplementedError
+
+    def _details(self) -> dict[str, Any]:
+        """What an error about this connection carries in its `data` (never secrets)."""
+        raise NotImplementedError
+
+
+class StdioUpstream(Upstream):
+    """A child process spoken to over its stdin and stdout (see the module docstring)."""
+
+    def __init__(
+        self,
+        identity: TransportIdentity,
+        events: UpstreamEvents,
+        *,
+        guardian: _GroupRegistry | None,
+        max_line: int,
+        handshake_timeout: float,
+        roots: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            identity,
+            events,
+            max_line=max_line,
+            handshake_timeout=handshake_timeout,
+            roots=roots,
+        )
+        self._guardian = guardian
+        self._writer: FdWriter | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._writer is not None and not self._writer.closed and not self._exited.is_set()
+
+    def _write(self, data: bytes) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.write(data)
+        except WriterClosed:
+            self._close_requested.set()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Upstream] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        ident = self.identity
+        assert ident.command is not None
+        env = dict(os.environ)
+        env.update(dict(ident.env))
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = await trio.lowlevel.open_process(
+                [ident.command, *ident.args],
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
+                env=env,
+                cwd=_usable_dir(ident.cwd),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise UpstreamUnavailable(
+                self.name,
+                f"server '{self.name}' could not be started: {exc.strerror or exc}",
+                command=ident.command,
+            ) from exc
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        for fd in (in_w, out_r, err_r):
+            os.set_blocking(fd, False)
+        self.pid = proc.pid
+        self.started_at = trio.current_time()
+        if self._guardian is not None:
+            self._guardian.register(proc.pid)
+        self._writer = FdWriter(in_w, UPSTREAM_WRITE_BUFFER)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer.run)
+                nursery.start_soon(self._read_stdout, out_r)
+                nursery.start_soon(self._read_stderr, err_r)
+                nursery.start_soon(self._watch_exit, proc)
+                try:
+                    await self._handshake()
+                except BaseException:
+                    self.request_close("handshake failed")
+                    raise
+                if self.era is _eras.MODERN:
+                    nursery.start_soon(self._keep_listening)
+                task_status.started(self)
+                await self._close_requested.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._shutdown(proc, in_w)
+                os.close(out_r)
+                os.close(err_r)
+                if self._guardian is not None:
+                    self._guardian.unregister(proc.pid)
+                self._fail_pending()
+
+    async def _watch_exit(self, proc: trio.Process) -> None:
+        self.exit_status = await proc.wait()
+        self._exited.set()
+        if self.closed_reason is None:
+            self.closed_reason = f"exited with status {self.exit_status}"
+        self._fail_pending()
+        self._close_requested.set()
+
+    async def _read_stdout(self, fd: int) -> None:
+        framer = LineFramer(self._max_line)
+        while True:
+            data = await read_some(fd)
+            if not data:
+                # Usually the process is exiting: its status makes the error much clearer.
+                with trio.move_on_after(EXIT_STATUS_WAIT):
+                    await self._exited.wait()
+                if self.closed_reason is None:
+                    self.closed_reason = "closed its stdout"
+                self._fail_pending()
+                self._close_requested.set()
+                return
+            try:
+                lines = framer.feed(data)
+            except _MessageTooLarge:
+                self.request_close(f"sent a message larger than {self._max_line} bytes")
+                return
+            for line in lines:
+                self._dispatch(line)
+
     async def _read_stderr(self, fd: int) -> None:
         buf = b""
         while True:
@@ -631,21 +702,6 @@ class StdioUpstream:
             "exitStatus": self.exit_status,
             "stderr": list(self.stderr_tail)[-STDERR_TAIL_IN_ERRORS:],
         }
-
-    def _fail_pending(self) -> None:
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, {}
-        err = UpstreamClosed(
-            self.name,
-            f"server '{self.name}' {self.closed_reason or 'closed'} "
-            "while the request was in flight",
-            **self._details(),
-        )
-        obj = err.to_error_object()
-        raw_error = msgspec.Raw(msgspec.json.encode(obj))
-        for uid, cb in pending.items():
-            cb(Message(jsonrpc="2.0", id=uid, error=raw_error))
 
     async def _shutdown(self, proc: trio.Process, stdin_fd: int) -> None:
         """L4: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait bounded."""

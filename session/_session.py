@@ -35,7 +35,7 @@ import trio
 from msgspec import UNSET, Raw, UnsetType
 
 from mcpool import __version__
-from mcpool.pool import Handle, Pool, StdioUpstream
+from mcpool.pool import Handle, Pool, Upstream
 from mcpool.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -122,7 +122,7 @@ class _InFlight:
     __slots__ = ("client_id", "entry", "handle", "plan", "progress", "session", "uid", "upstream")
 
     def __init__(
-        self, session: Session, client_id: Any, handle: Handle, upstream: StdioUpstream
+        self, session: Session, client_id: Any, handle: Handle, upstream: Upstream
     ) -> None:
         self.session = session
         self.client_id = client_id
@@ -184,7 +184,7 @@ class _Relayed:
 
     __slots__ = ("progress_token", "upstream", "upstream_id")
 
-    def __init__(self, upstream: StdioUpstream, upstream_id: Any, progress_token: Any) -> None:
+    def __init__(self, upstream: Upstream, upstream_id: Any, progress_token: Any) -> None:
         self.upstream = upstream
         self.upstream_id = upstream_id
         self.progress_token = progress_token
@@ -1003,9 +1003,7 @@ class Session:
                     stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
                     self.send(notification(method, stamped))
 
-    def server_request(
-        self, view: SessionView, upstream: StdioUpstream, msg: Message
-    ) -> str | None:
+    def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""
         method = msg.method if isinstance(msg.method, str) else ""
         if self.era is MODERN:

@@ -23,7 +23,7 @@ from ._names import exposed_name
 from ._policy import PolicyKey
 
 if TYPE_CHECKING:
-    from mcpool.pool import StdioUpstream
+    from mcpool.pool import Upstream
 
     from ._session import Session
 
@@ -136,5 +136,5 @@ class SessionView:
     def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
         self.session.upstream_notification(self, method, params)
 
-    def server_request(self, entry: PoolEntry, upstream: StdioUpstream, msg: Message) -> str | None:
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
         return self.session.server_request(self, upstream, msg)
