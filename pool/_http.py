@@ -97,19 +97,10 @@ class HttpUpstream(Upstream):
         identity: TransportIdentity,
         events: UpstreamEvents,
         *,
-        guardian: Any = None,
-        max_line: int,
-        handshake_timeout: float,
-        roots: tuple[str, ...] = (),
+        guardian: Any = None,  # the pool passes one; a remote server has no process group
+        **options: Any,
     ) -> None:
-        # `guardian` is accepted and unused: a remote server has no process group to kill.
-        super().__init__(
-            identity,
-            events,
-            max_line=max_line,
-            handshake_timeout=handshake_timeout,
-            roots=roots,
-        )
+        super().__init__(identity, events, **options)
         if not identity.url:
             raise UpstreamUnavailable(identity.name, f"server '{identity.name}' has no url")
         self.url: str = identity.url

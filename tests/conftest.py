@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,15 @@ def peers() -> dict[str, str]:
     if os.environ.get("MCPOOL_SKIP_PEERS") == "1":
         pytest.skip("MCPOOL_SKIP_PEERS=1")
     return load_peers()
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    """A non-blocking pipe (read end, write end); either end a test closes is fine."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    yield r, w
+    for fd in (r, w):
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -353,13 +353,15 @@ def test_broken_stdout_exits_0_quietly(
     proc.stderr.close()
 
 
-def serve_handed_off(ended: dict[str, object] | None) -> Callable[[socket.socket, Any], None]:
-    """Accept the hand-off: answer ping lines on the handed stdout, reading the handed stdin,
-    until its EOF; then close the fds and send `ended` (None: just close the socket)."""
+def handing_off_daemon(
+    daemon_factory: Callable[..., FakeDaemon], ended: dict[str, object] | None
+) -> FakeDaemon:
+    """A fake daemon that accepts the hand-off: it echoes lines from the handed stdin to the
+    handed stdout until EOF, then closes them and sends `ended` (None: just closes)."""
+    fake: list[FakeDaemon] = []
 
     def handler(conn: socket.socket, reader: Any) -> None:
-        fake = handler.fake  # type: ignore[attr-defined]
-        stdin_fd, stdout_fd = fake.handed
+        stdin_fd, stdout_fd = fake[0].handed
         conn.sendall(
             _line({"jsonrpc": "2.0", "id": 0, "result": {**ATTACH_RESULT, "handoff": True}})
         )
@@ -371,15 +373,16 @@ def serve_handed_off(ended: dict[str, object] | None) -> Callable[[socket.socket
             conn.sendall(_line({"jsonrpc": "2.0", "method": "mcpool/ended", "params": ended}))
 
     handler.takes_handoff = True  # type: ignore[attr-defined]
-    return handler
+    fake.append(daemon_factory(handler))
+    return fake[0]
 
 
 def test_hand_off_gives_the_daemon_stdio_and_exits_0_when_the_client_closed(
     sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
 ) -> None:
-    handler = serve_handed_off({"reason": "the client disconnected", "clientClosed": True})
-    fake = daemon_factory(handler)
-    handler.fake = fake  # type: ignore[attr-defined]
+    fake = handing_off_daemon(
+        daemon_factory, {"reason": "the client disconnected", "clientClosed": True}
+    )
     proc = start_attach(fake.path, sock_dir)
     assert proc.stdin is not None
     msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
@@ -392,26 +395,26 @@ def test_hand_off_gives_the_daemon_stdio_and_exits_0_when_the_client_closed(
     assert fake.attach_requests[0]["params"]["handoff"] is True  # type: ignore[index]
 
 
-def test_hand_off_ended_by_the_daemon_exits_1_with_its_reason(
-    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
+@pytest.mark.parametrize(
+    ("ended", "stderr"),
+    [
+        (
+            {"reason": "the daemon is shutting down", "clientClosed": False},
+            b"mcpool attach: the daemon is shutting down\n",
+        ),
+        (None, b"mcpool attach: the daemon closed the connection\n"),  # gone without a word
+    ],
+)
+def test_hand_off_ended_by_the_daemon_exits_1_with_one_line(
+    sock_dir: Path,
+    daemon_factory: Callable[..., FakeDaemon],
+    ended: dict[str, object] | None,
+    stderr: bytes,
 ) -> None:
-    handler = serve_handed_off({"reason": "the daemon is shutting down", "clientClosed": False})
-    fake = daemon_factory(handler)
-    handler.fake = fake  # type: ignore[attr-defined]
+    fake = handing_off_daemon(daemon_factory, ended)
     proc = start_attach(fake.path, sock_dir)
     _out, err = proc.communicate(timeout=WAIT)
-    assert (proc.returncode, err) == (1, b"mcpool attach: the daemon is shutting down\n")
-
-
-def test_hand_off_daemon_gone_without_a_word_exits_1(
-    sock_dir: Path, daemon_factory: Callable[..., FakeDaemon]
-) -> None:
-    handler = serve_handed_off(None)
-    fake = daemon_factory(handler)
-    handler.fake = fake  # type: ignore[attr-defined]
-    proc = start_attach(fake.path, sock_dir)
-    _out, err = proc.communicate(timeout=WAIT)
-    assert (proc.returncode, err) == (1, b"mcpool attach: the daemon closed the connection\n")
+    assert (proc.returncode, err) == (1, stderr)
 
 
 @pytest.mark.parametrize("why", ["env", "file"])

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
 
 import pytest
 import trio
@@ -13,17 +11,6 @@ import trio
 from mcpool.pool import FdWriter, WriterClosed, read_some
 
 WAIT = 5.0  # every wait below is local pipe I/O: milliseconds when it works
-
-
-@pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    yield r, w
-    for fd in (r, w):
-        with contextlib.suppress(OSError):  # a test closed it
-            os.close(fd)
 
 
 def pipe_capacity(w: int) -> int:

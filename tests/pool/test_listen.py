@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,16 +36,6 @@ class Sink:
 
     def on_server_request(self, upstream: Any, msg: Message) -> None:
         raise AssertionError("no server requests here")
-
-
-@pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    yield r, w
-    os.close(r)
-    os.close(w)
 
 
 def modern_upstream(w: int, sink: Sink) -> StdioUpstream:
