@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 CLOSE_GRACE = 2.0
 # A server that ends the GET stream without a `retry` field: reconnect after this (as the SDKs).
 GET_RETRY = 1.0
+# A broken response stream is resumed (GET with Last-Event-ID) at most this many times in a row,
+# waiting RESUME_RETRY, then twice that... between tries; then the connection counts as lost.
+RESUME_ATTEMPTS = 3
+RESUME_RETRY = 0.2
 # An error body is only quoted in the error a request gets; more than this is not worth reading.
 MAX_ERROR_BODY = 64 * 1024
 KEEPALIVE_CONNECTIONS = 8  # idle connections kept to one server; open streams are not limited
@@ -248,12 +252,14 @@ class HttpUpstream(Upstream):
         url = self._endpoint or self.url
         headers = {**self._headers(head.method), "content-type": _MIME_JSON}
         sent_session = headers.get("mcp-session-id")
+        last: dict[str, Any] = {}  # the response stream's last event id, as it is read
         try:
             with scope:
                 async with client.stream("POST", url, content=body, headers=headers) as resp:
-                    await self._answer(resp, uid, sent_session)
+                    await self._answer(resp, uid, sent_session, last)
         except Exception as exc:  # any failure of the connection or stream ends it
-            self._drop(f"lost its connection to {redact_url(url)} ({_describe(exc)})")
+            if uid is None or not await self._resume(client, uid, last):
+                self._drop(f"lost its connection to {redact_url(url)} ({_describe(exc)})")
         finally:
             if uid is not None and self._post_scopes.get(uid) is scope:
                 del self._post_scopes[uid]
@@ -265,8 +271,41 @@ class HttpUpstream(Upstream):
         ):
             self._fail_one(uid, "ended the response stream without answering")
 
+    async def _resume(self, client: httpx2.AsyncClient, uid: int, last: dict[str, Any]) -> bool:
+        """A request's response stream broke before its answer: when the server numbered the
+        stream's events (it supports resuming), GET it again from the last one we saw
+        (Last-Event-ID) and read on. True when the request is settled (answered, or cancelled
+        meanwhile); False when the stream cannot be resumed (the connection is then dropped)."""
+        for attempt in range(RESUME_ATTEMPTS):
+            if uid not in self._pending:
+                return True
+            if self.identity.kind != "http" or "id" not in last or not self.alive:
+                return False
+            self._note(f"resuming the response stream of request {uid} after event {last['id']}")
+            headers = {**self._headers(), "accept": _MIME_SSE, "last-event-id": str(last["id"])}
+            scope = self._post_scopes[uid] = trio.CancelScope()  # forget() cancels it
+            try:
+                with scope:
+                    async with client.stream("GET", self.url, headers=headers) as resp:
+                        ctype = resp.headers.get("content-type", "").partition(";")[0].strip()
+                        if resp.status_code != 200 or ctype.lower() != _MIME_SSE:
+                            return False
+                        await self._read_events(resp, related=uid, last=last)
+            except Exception:  # a resumed stream can break too: resume again from its last id
+                await trio.sleep(RESUME_RETRY * (attempt + 1))
+            finally:
+                if self._post_scopes.get(uid) is scope:
+                    del self._post_scopes[uid]
+            if scope.cancelled_caught:
+                return True
+        return uid not in self._pending
+
     async def _answer(
-        self, resp: httpx2.Response, uid: int | None, sent_session: str | None
+        self,
+        resp: httpx2.Response,
+        uid: int | None,
+        sent_session: str | None,
+        last: dict[str, Any],
     ) -> None:
         if self.session_id is None and self.identity.kind == "http":
             sid = resp.headers.get("mcp-session-id")
@@ -292,15 +331,18 @@ class HttpUpstream(Upstream):
             return
         ctype = resp.headers.get("content-type", "").partition(";")[0].strip().lower()
         if ctype == _MIME_SSE:
-            await self._read_events(resp, related=uid)
+            await self._read_events(resp, related=uid, last=last)
         elif ctype == _MIME_JSON:
             self._dispatch_related(await _read_capped(resp, self._max_line), uid)
         else:
             self._fail_one(uid, f"answered with content type {ctype or 'none'}")
 
-    async def _read_events(self, resp: httpx2.Response, *, related: int | None) -> dict[str, Any]:
-        """Dispatch a response stream's messages; returns its last event id and retry."""
-        last: dict[str, Any] = {}
+    async def _read_events(
+        self, resp: httpx2.Response, *, related: int | None, last: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Dispatch a response stream's messages; returns its last event id and retry (kept
+        in `last` as they arrive, so they survive a stream that breaks)."""
+        last = {} if last is None else last
         source = _httpx().EventSource(resp, max_event_size=self._max_line)
         async for sse in source:
             if sse.id:

@@ -1,7 +1,8 @@
 """HttpUpstream against an in-memory streamable HTTP server (httpx2.MockTransport): the
 handshake and its session id, headers from the identity, a server that forgets the session
 (404) leading to a fresh handshake and a fresh listing through the pool, a dropped connection
-failing in-flight requests at once, and the factory choosing the class by transport."""
+failing in-flight requests at once, a broken response stream resumed from its last event id
+(or failing when it cannot be), and the factory choosing the class by transport."""
 
 from __future__ import annotations
 
@@ -179,6 +180,81 @@ async def test_a_dropped_connection_fails_in_flight_requests_and_ends_run(
         await ended.wait()
     assert not up.alive
     assert "ConnectError" in (up.closed_reason or "")
+
+
+class ResumableServer(FakeHttpServer):
+    """tools/call answers on an SSE stream that breaks after its first (numbered) event; a GET
+    with that event's id as Last-Event-ID replays the rest of it: the answer. With
+    `resumable=False` the server has no GET stream at all (405)."""
+
+    def __init__(self, resumable: bool) -> None:
+        super().__init__()
+        self.resumable = resumable
+        self.resumed_after: list[str] = []
+        self.call_id: Any = None
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        resume_from = request.headers.get("last-event-id")
+        if request.method == "GET" and resume_from is not None:
+            self.requests.append(request)
+            self.resumed_after.append(resume_from)
+            if not self.resumable:
+                return httpx2.Response(405)
+            answer = {"jsonrpc": "2.0", "id": self.call_id, "result": {"content": []}}
+            return _sse(b"id: ev-2\ndata: " + json.dumps(answer).encode() + b"\n\n")
+        if request.method == "POST" and json.loads(request.content).get("method") == "tools/call":
+            self.requests.append(request)
+            self.call_id = json.loads(request.content)["id"]
+            log = {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": "working"},
+            }
+
+            async def breaks_after_one_event() -> Any:
+                yield b"id: ev-1\ndata: " + json.dumps(log).encode() + b"\n\n"
+                raise httpx2.ReadError("connection reset by peer")
+
+            return _sse(breaks_after_one_event())
+        return await super().handle(request)
+
+
+def _sse(content: Any) -> httpx2.Response:
+    return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+
+
+async def test_a_broken_response_stream_is_resumed_from_its_last_event(
+    nursery: trio.Nursery,
+) -> None:
+    server = ResumableServer(resumable=True)
+    events = Events()
+    up = upstream_class(server)(
+        identity_of("web", settings()), events, max_line=1 << 20, handshake_timeout=WAIT
+    )
+    with trio.fail_after(WAIT):
+        await nursery.start(up.run)
+        result = await up.call("tools/call", {"name": "x"}, timeout=WAIT)
+    assert result == {"content": []}
+    assert server.resumed_after == ["ev-1"]
+    assert events.notifications == ["notifications/message"]  # the event before the break
+    assert up.alive  # nothing was lost: the connection carries on
+    up.request_close("drained")
+
+
+async def test_a_stream_that_cannot_be_resumed_fails_its_request_and_the_connection(
+    nursery: trio.Nursery,
+) -> None:
+    server = ResumableServer(resumable=False)
+    up = upstream_class(server)(
+        identity_of("web", settings()), Events(), max_line=1 << 20, handshake_timeout=WAIT
+    )
+    with trio.fail_after(WAIT):
+        await nursery.start(up.run)
+    with pytest.raises(McpoolError) as failed, trio.fail_after(WAIT):
+        await up.call("tools/call", {"name": "x"}, timeout=WAIT)
+    assert "lost its connection" in str(failed.value.data)
+    assert server.resumed_after == ["ev-1"]
+    assert not up.alive
 
 
 def test_the_default_factory_picks_the_class_by_transport() -> None:
