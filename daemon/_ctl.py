@@ -653,12 +653,15 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
     if not sessions:
         _print("no sessions")
         return
-    table = _table("ID", "NAME", "ERA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING")
+    table = _table(
+        "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING"
+    )
     for session in sessions:
         table.add_row(
             _text(session.get("id")),
             _text(session.get("name")),
             _text(session.get("protocol_version") or session.get("era")),
+            _text(session.get("via")),
             _text(session.get("cwd")),
             _text(_when(session.get("attached_at"))),
             _text(", ".join(session.get("servers") or []) or None),

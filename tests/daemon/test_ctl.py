@@ -97,6 +97,7 @@ SESSIONS = [
         "servers": ["time"],
         "generation": 3,
         "pending_notifications": 0,
+        "via": "attach",
         "handles": [{"server": "time", "id": "time::3f9a1c2b", "policy": {"trust": True}}],
     }
 ]
@@ -311,7 +312,7 @@ def test_human_status_sessions_tools_reload_restart(admin: FakeAdmin) -> None:
     for text in ("4242", "2m13s", "70.0 MiB", "/p/.mcp.json", "expected ','", "sess-b", "watching"):
         assert text in status
     sessions = daemonctl(admin.path, "sessions").stdout
-    for text in ("sess-a", "proj", "/p", "time"):
+    for text in ("sess-a", "proj", "/p", "time", "attach"):
         assert text in sessions
     assert re.search(r"\d\d:\d\d:\d\d \(3\ds\)", sessions)
     tools = daemonctl(admin.path, "tools", "sess-a").stdout
