@@ -77,9 +77,11 @@ async def test_every_command_human_and_json(daemon_factory: DaemonFactory) -> No
         assert sessions["inc"]["attached_at"] > status["started_at"]
         assert sessions["inc"]["handles"][0]["policy"]["includeTools"] == ["read_file"]
         _, human, _ = await ctl(daemon, "sessions")
-        # NAME, ERA (the negotiated protocol version), CWD, ATTACHED.
+        # NAME, ERA (the negotiated protocol version), VIA (the bridge handed its stdio over),
+        # CWD, ATTACHED.
+        assert sessions["inc"]["via"] == "attach"
         version = re.escape(sessions["inc"]["protocol_version"])
-        assert re.search(rf"inc\s+{version}\s+\S+\s+\d\d:\d\d:\d\d \(\d+s\)", human)
+        assert re.search(rf"inc\s+{version}\s+attach\s+\S+\s+\d\d:\d\d:\d\d \(\d+s\)", human)
         inc_id = sessions["inc"]["id"]
 
         # tools: what one session sees, with its routes.
