@@ -264,7 +264,10 @@ def attach(
             rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
             sent = sock.sendmsg([line], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
             line = line[sent:]
-        sock.sendall(line)
+        if line:
+            # Never an empty sendall: it still calls send() once, and a daemon that already
+            # answered and closed would turn that into a broken pipe.
+            sock.sendall(line)
         while (end := buf.find(b"\n")) < 0:
             if len(buf) > MAX_RESPONSE_LINE:
                 raise AttachError("the daemon's attach response is too long")
