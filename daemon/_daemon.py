@@ -488,10 +488,8 @@ class Daemon:
                     return None, []
                 while lines and first is None:
                     line = lines.pop(0)
-                    try:
-                        decoded = decode(line)
-                    except McpoolError as exc:
-                        writer.write(self._error_line(None, exc))
+                    decoded = self._decode_or_refuse(line, writer)
+                    if decoded is None:
                         continue
                     if isinstance(decoded, list):
                         first = decoded[0]
@@ -512,6 +510,14 @@ class Daemon:
             await writer.wait_drained()
         # Lingering waits on the peer: _serve_connection does it once the session is released.
         self._linger.add(fd)
+
+    def _decode_or_refuse(self, line: bytes, writer: FdWriter) -> Message | list[Message] | None:
+        """A line's message (or batch); None when it is not one, after answering the error."""
+        try:
+            return decode(line)
+        except McpoolError as exc:
+            writer.write(self._error_line(None, exc))
+            return None
 
     @staticmethod
     def _error_line(msg_id: Any, exc: McpoolError) -> bytes:
@@ -717,11 +723,8 @@ class Daemon:
         queue = list(pending)
         while not self.stop_requested.is_set() or queue:
             while queue:
-                line = queue.pop(0)
-                try:
-                    decoded = decode(line)
-                except McpoolError as exc:
-                    writer.write(self._error_line(None, exc))
+                decoded = self._decode_or_refuse(queue.pop(0), writer)
+                if decoded is None:
                     continue
                 for msg in decoded if isinstance(decoded, list) else [decoded]:
                     await self._admin_request(writer, msg)

@@ -143,6 +143,15 @@ def start_attach(sock: Path, cwd: Path, *args: str) -> subprocess.Popen[bytes]:
     )
 
 
+def echoed_ping(proc: subprocess.Popen[bytes]) -> bool:
+    """Write a ping line to the bridge's stdin; whether the same line comes back on stdout."""
+    assert proc.stdin is not None
+    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    proc.stdin.write(msg)
+    proc.stdin.flush()
+    return read_line(proc) == msg
+
+
 def read_line(proc: subprocess.Popen[bytes]) -> bytes:
     assert proc.stdout is not None
     result: list[bytes] = []
@@ -232,11 +241,7 @@ def test_daemon_going_away_exits_1_with_one_stderr_line(
 
     fake = daemon_factory(answer_once)
     proc = start_attach(fake.path, sock_dir)
-    assert proc.stdin is not None
-    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    proc.stdin.write(msg)
-    proc.stdin.flush()
-    assert read_line(proc) == msg
+    assert echoed_ping(proc)
     assert proc.wait(WAIT) == 1  # stdin is still open
     assert proc.stderr is not None
     assert proc.stderr.read() == b"mcpool attach: the daemon closed the connection\n"
@@ -251,10 +256,7 @@ def test_sigterm_exits_143_without_a_traceback(
     fake = daemon_factory(echo_after())
     proc = start_attach(fake.path, sock_dir)
     assert proc.stdin is not None
-    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    proc.stdin.write(msg)
-    proc.stdin.flush()
-    assert read_line(proc) == msg  # relaying, so the handlers are installed
+    assert echoed_ping(proc)  # relaying, so the handlers are installed
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=WAIT)
     assert (proc.returncode, err) == (143, b"")
@@ -384,12 +386,8 @@ def test_hand_off_gives_the_daemon_stdio_and_exits_0_when_the_client_closed(
         daemon_factory, {"reason": "the client disconnected", "clientClosed": True}
     )
     proc = start_attach(fake.path, sock_dir)
-    assert proc.stdin is not None
-    msg = _line({"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    proc.stdin.write(msg)
-    proc.stdin.flush()
     # The fake echoes on the fds it was handed: the bridge itself relays nothing.
-    assert read_line(proc) == msg
+    assert echoed_ping(proc)
     out, err = proc.communicate(timeout=WAIT)
     assert (proc.returncode, out, err) == (0, b"", b"")
     assert fake.attach_requests[0]["params"]["handoff"] is True  # type: ignore[index]

@@ -130,6 +130,15 @@ async def test_a_2026_client_gets_structured_output_and_resource_errors_in_its_e
         assert getattr(caught.value, "code", None) == -32602  # SEP-2164, not -32002
 
 
+def scripted_server(d: DaemonProcess, name: str, source: str) -> Path:
+    """A settings file with one server, "up", running the Python `source` as a stdio server."""
+    script = d.root / f"{name}.py"
+    script.write_text(source)
+    return write_settings(
+        d.root / f"{name}.json", {"up": {"command": sys.executable, "args": [str(script)]}}
+    )
+
+
 # A handshake-only server that never answers a request it does not know (some do exactly that
 # before `initialize`): only the bounded probe keeps it from costing the SDK's fixed 10 s.
 SILENT_UPSTREAM = """
@@ -155,11 +164,7 @@ async def test_a_server_silent_on_discover_costs_the_probe_bound_not_more(
     daemon_factory: Any,
 ) -> None:
     d = await daemon_factory()
-    script = d.root / "silent.py"
-    script.write_text(SILENT_UPSTREAM)
-    settings = write_settings(
-        d.root / "s.json", {"up": {"command": sys.executable, "args": [str(script)]}}
-    )
+    settings = scripted_server(d, "silent", SILENT_UPSTREAM)
     started = trio.current_time()
     async with modern_client(d, settings, "modern") as modern:
         with trio.fail_after(WAIT):
@@ -226,11 +231,7 @@ async def test_a_listen_stream_the_server_ends_is_reopened_and_what_it_missed_ca
     daemon_factory: Any,
 ) -> None:
     d = await daemon_factory()
-    script = d.root / "ending.py"
-    script.write_text(ENDING_LISTEN_UPSTREAM)
-    settings = write_settings(
-        d.root / "s.json", {"up": {"command": sys.executable, "args": [str(script)]}}
-    )
+    settings = scripted_server(d, "ending", ENDING_LISTEN_UPSTREAM)
     async with d.attach([settings], "legacy") as legacy:
 
         async def names() -> list[str]:
