@@ -607,6 +607,8 @@ class Daemon:
             trio.lowlevel.notify_closing(handed_fd)
             os.close(handed_fd)
         reason = state.session.close_reason or "the session ended"
+        # A client that stopped reading its server's output (closed the pipe) has gone too.
+        client_closed = client_closed or out.peer_gone
         with contextlib.suppress(WriterClosed):
             control.write(
                 notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})

@@ -53,6 +53,8 @@ class FdWriter:
         self._drained.set()
         self.closed = False
         self.error: str | None = None
+        # The reader went away (EPIPE, ECONNRESET): the peer ended things, not a failure here.
+        self.peer_gone = False
 
     @property
     def fd(self) -> int:
@@ -72,7 +74,7 @@ class FdWriter:
             except BlockingIOError:
                 n = 0
             except OSError as exc:
-                self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+                self._write_failed(exc)
                 raise WriterClosed(self.error) from exc
             if n == len(data):
                 return
@@ -87,6 +89,10 @@ class FdWriter:
         if self._spawn is not None and not self._draining:
             self._draining = True
             self._spawn(self._drain)
+
+    def _write_failed(self, exc: OSError) -> None:
+        self.peer_gone = exc.errno in (errno.EPIPE, errno.ECONNRESET)
+        self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
 
     def _fail(self, reason: str) -> None:
         if not self.closed:
@@ -125,7 +131,7 @@ class FdWriter:
             except BlockingIOError:
                 return
             except OSError as exc:
-                self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+                self._write_failed(exc)
                 return
             self._buffered -= n
             if n == len(chunk):

@@ -101,6 +101,21 @@ async def test_killing_the_bridge_ends_its_session(daemon_factory: DaemonFactory
             await wait_until(lambda: _no_session(daemon, "doomed"))
 
 
+async def test_a_client_that_closes_its_end_of_stdout_ends_the_bridge_quietly(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = await daemon_factory({"f": fake_server()})
+    async with bridge(daemon, "gone") as b:
+        await b.initialize()
+        assert b.process.stdout is not None and b.process.stdin is not None
+        await b.process.stdout.aclose()  # the client stops reading its server's output
+        await b.client.send({"jsonrpc": "2.0", "id": 99, "method": "ping"})
+        # The daemon's answer meets a pipe nobody reads: the client is gone, as in relay mode.
+        assert await b.exit_status() == (0, b"")
+    with trio.fail_after(STEP_TIMEOUT):
+        await wait_until(lambda: _no_session(daemon, "gone"))
+
+
 async def test_relay_when_asked_for_still_serves_the_session(
     daemon_factory: DaemonFactory,
 ) -> None:

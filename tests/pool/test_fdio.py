@@ -82,6 +82,7 @@ async def test_a_closed_reader_is_an_epipe_failure_not_an_exception_elsewhere(
     writer = FdWriter(w, 1000)
     with pytest.raises(WriterClosed, match="write failed"):
         writer.write(b"x")
+    assert writer.peer_gone  # the reader left: not a failure of ours
 
 
 async def test_read_some_returns_data_then_end_of_file(pipe: tuple[int, int]) -> None:
