@@ -568,23 +568,21 @@ class Daemon:
             # session's own nursery is gone.
             out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=spawn)
             handed.clear()  # the session's now: _end_handoff closes them
+        attaching = first.method == "mcpool/attach"
+        via = "attach" if handoff else "attach-relay" if attaching else "socket"
         state = self.open_session(
             out,
             name=name,
             sources=sources,
             peer=peer_pid,
             cwd=cwd if isinstance(cwd, str) else None,
-            via="attach"
-            if handoff
-            else "attach-relay"
-            if first.method == "mcpool/attach"
-            else "socket",
+            via=via,
         )
         if handoff:
             # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a
             # handed-off session holds no task beyond a socket session's.
             self.bridges.add(fd, state.session)
-        if first.method == "mcpool/attach":
+        if attaching:
             writer.write(response(request_id(first), self._attach_result(state, handoff)))
         return state, in_fd, out
 
