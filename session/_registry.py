@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mcpool.protocol import canonical_bytes
@@ -253,30 +254,23 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     resource_routes: dict[str, int] = {}
     template_routes: list[tuple[re.Pattern[str], str, int]] = []
     canon: dict[str, dict[str, bytes]] = {k: {} for k in LIST_KINDS}
-    for index, (view, proj) in enumerate(zip(views, projections, strict=True)):
+    for index, proj in enumerate(projections):
         if not proj.available:
             continue
         pc = projection_canonical(proj)
-        for exposed, upstream, tool in proj.tools:
-            _check_name(view.name, upstream, "tool")
-            if exposed in tool_routes:
-                other = views[tool_routes[exposed][0]].name
-                raise CandidateRejected(
-                    view.name, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
-                )
-            tool_routes[exposed] = (index, upstream)
-            tools.append(tool)
-            canon["tools"][exposed] = pc["tools"][exposed]
-        for exposed, upstream, prompt in proj.prompts:
-            _check_name(view.name, upstream, "prompt")
-            if exposed in prompt_routes:
-                other = views[prompt_routes[exposed][0]].name
-                raise CandidateRejected(
-                    view.name, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
-                )
-            prompt_routes[exposed] = (index, upstream)
-            prompts.append(prompt)
-            canon["prompts"][exposed] = pc["prompts"][exposed]
+        _add_named(
+            views, index, "tool", proj.tools, tool_routes, tools, canon["tools"], pc["tools"]
+        )
+        _add_named(
+            views,
+            index,
+            "prompt",
+            proj.prompts,
+            prompt_routes,
+            prompts,
+            canon["prompts"],
+            pc["prompts"],
+        )
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
@@ -299,6 +293,31 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     agg.template_routes = tuple(template_routes)
     agg.canonical = {k: tuple(sorted(v.items())) for k, v in canon.items()}
     return agg
+
+
+def _add_named(
+    views: list[SessionView],
+    index: int,
+    kind: str,
+    items: Iterable[tuple[str, str, dict[str, Any]]],
+    routes: dict[str, tuple[int, str]],
+    served: list[dict[str, Any]],
+    canon: dict[str, bytes],
+    projected_canon: dict[str, bytes],
+) -> None:
+    """Add view `index`'s tools (or prompts) to a candidate: routes, served list, canonical
+    form. A bad name, or an exposed name another server already uses, rejects it (S3)."""
+    server = views[index].name
+    for exposed, upstream, item in items:
+        _check_name(server, upstream, kind)
+        if exposed in routes:
+            other = views[routes[exposed][0]].name
+            raise CandidateRejected(
+                server, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
+            )
+        routes[exposed] = (index, upstream)
+        served.append(item)
+        canon[exposed] = projected_canon[exposed]
 
 
 def _empty_aggregate() -> Aggregate:
