@@ -127,7 +127,26 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-class StreamableHttpConn:
+class _PostConn:
+    """What the HTTP clients below share: a handshake and calls over their `post`."""
+
+    def post(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def handshake_and_list(self) -> int:
+        self.post(INIT)
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        reply = self.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert reply is not None
+        return len(reply["result"]["tools"])
+
+    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        reply = self.post(obj)
+        assert reply is not None
+        return reply
+
+
+class StreamableHttpConn(_PostConn):
     """A minimal streamable-HTTP MCP client on one keep-alive connection (no SDK)."""
 
     def __init__(self, port: int, path: str = "/mcp") -> None:
@@ -143,8 +162,16 @@ class StreamableHttpConn:
         if self.sid:
             headers["mcp-session-id"] = self.sid
             headers["mcp-protocol-version"] = INIT["params"]["protocolVersion"]
-        self.c.request("POST", self.path, json.dumps(obj).encode(), headers)
-        r = self.c.getresponse()
+        payload = json.dumps(obj).encode()
+        try:
+            self.c.request("POST", self.path, payload, headers)
+            r = self.c.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed our keep-alive connection while this path sat idle between
+            # rounds (the proxies' HTTP servers time idle connections out): reconnect once.
+            self.c.close()
+            self.c.request("POST", self.path, payload, headers)
+            r = self.c.getresponse()
         self.sid = r.getheader("mcp-session-id") or self.sid
         body = r.read()
         if r.status >= 400:
@@ -160,20 +187,8 @@ class StreamableHttpConn:
             raise RuntimeError(f"no response in the event stream: {body[:200]!r}")
         return json.loads(body)
 
-    def handshake_and_list(self) -> int:
-        self.post(INIT)
-        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        reply = self.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        assert reply is not None
-        return len(reply["result"]["tools"])
 
-    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
-        reply = self.post(obj)
-        assert reply is not None
-        return reply
-
-
-class SseConn:
+class SseConn(_PostConn):
     """A minimal legacy-SSE MCP client: GET the event stream, POST to the endpoint it names."""
 
     def __init__(self, port: int, path: str = "/sse") -> None:
@@ -218,18 +233,6 @@ class SseConn:
             msg = json.loads(data)
             if msg.get("id") == obj["id"] and "method" not in msg:
                 return msg
-
-    def handshake_and_list(self) -> int:
-        self.post(INIT)
-        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        reply = self.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        assert reply is not None
-        return len(reply["result"]["tools"])
-
-    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
-        reply = self.post(obj)
-        assert reply is not None
-        return reply
 
 
 class LineConn:
