@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -47,3 +49,12 @@ def pipe() -> Iterator[tuple[int, int]]:
     for fd in (r, w):
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short private folder for Unix sockets (not tmp_path: a socket path must fit in 108
+    bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="mcpt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -106,14 +104,6 @@ def echo_after(extra: bytes = b"", goodbye: bytes = b"") -> Callable[[socket.soc
         conn.sendall(goodbye)
 
     return handler
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Not tmp_path: a Unix socket path must fit in 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="mcpt", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

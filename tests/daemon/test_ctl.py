@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -198,14 +196,6 @@ class FakeAdmin:
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self.thread.join(WAIT)
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Not tmp_path: a Unix socket path must fit in 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="mcpt", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import mcpool
 
 from mcpool.daemon._import import convert, loads_jsonc, merge
 
 SAMPLES = Path(__file__).with_name("samples")
-WAIT = 30.0
 
 
 def _convert(client: str, relative: str) -> tuple[dict[str, Any], list[str]]:
@@ -155,20 +152,6 @@ def test_jsonc_keeps_comment_markers_inside_strings() -> None:
 
 
 # --- the command, as a user runs it ----------------------------------------------------------
-
-
-def mcpool(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
-    env["HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "mcpool", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-        env=env,
-        cwd=home,
-    )
 
 
 def test_import_writes_the_user_config_merging_and_backing_up(tmp_path: Path) -> None:

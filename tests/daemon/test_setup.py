@@ -9,22 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import mcpool
 
 WAIT = 30.0
-
-
-def mcpool(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
-    env["HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "mcpool", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-        env=env,
-        cwd=cwd or home,
-    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,26 @@
+"""Running mcpool's own commands as a user would, in a private home (no MCPOOL_/XDG_ variables
+of the test run leak in)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+COMMAND_TIMEOUT = 30.0  # a command of these tests ends in well under a second; this bounds a hang
+
+
+def mcpool(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m mcpool ARGS` with HOME=home, run in `cwd` (default: home)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
+    env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "mcpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+        env=env,
+        cwd=cwd or home,
+    )
