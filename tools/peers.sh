@@ -1,13 +1,13 @@
 #!/bin/bash
-# Installs the third-party MCP peers (../shared/peers/install.sh) into the repo's git-ignored
+# Installs the third-party MCP peers (tools/install-peers.sh, pinned) into the repo's git-ignored
 # .peers/ (or DIR), and does nothing when that install is current: env.sh exists and the marker
 # holds the checksum of the install.sh that produced it (a changed install.sh reinstalls).
 #
 #   tools/peers.sh [DIR]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-# The shared folder is a sibling of the repository, locally and in CI.
-INSTALL=$(realpath -m "$HERE/../../shared/peers/install.sh")
+# The project carries its own installer: nothing outside the checkout is needed.
+INSTALL=$HERE/install-peers.sh
 DIR=$(realpath -m "${1:-$HERE/../.peers}")
 MARKER=$DIR/.install-sha256
 [ -f "$INSTALL" ] || { echo "peers.sh: $INSTALL not found" >&2; exit 1; }
