@@ -1,8 +1,14 @@
 """Exposed names on the wire (DESIGN "Names on the wire").
 
-`<server>__<name>`, restricted to [A-Za-z0-9_-] and at most 64 characters; a longer one is cut
-and given a short hash of the full name, so the result is deterministic. Nothing ever splits an
-exposed name on `__`: the registry's route table maps it back.
+`<server>__<name>`, restricted to [A-Za-z0-9_-] and at most a per-session length budget (64 by
+default). A longer one is shortened deterministically with a short hash of the full name, so two
+different names never shorten alike (and the registry rejects the candidate if they ever did).
+Nothing ever splits an exposed name on `__`: the registry's route table maps it back.
+
+The budget exists because clients prefix what a server exposes before a model sees it (Claude
+Code and Qwen Code `mcp__<their name for mcpool>__`, gemini-cli `mcp_<name>_`, Codex
+`<name>__`) and model APIs cap tool names (64 for the Anthropic and OpenAI APIs; gemini-cli and
+Qwen Code cut at 63). `name_budget` turns what a session says about itself into the budget.
 """
 
 from __future__ import annotations
@@ -10,15 +16,56 @@ from __future__ import annotations
 import hashlib
 import re
 
-MAX_NAME = 64  # the tool-name limit of the strictest major client
+MAX_NAME = 64  # the tool-name limit of the strictest major model API
+MIN_NAME = 20  # below this a shortened name is mostly hash: refuse a smaller budget
 _HASH_CHARS = 8
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 
+# What the client puts in front of an exposed name and the limit it (or its model API) holds the
+# whole name to, assuming the client calls mcpool "mcpool" (what `mcpool setup-client` writes).
+# Matched by a substring of the lowercased `clientInfo.name` the client sends in `initialize`.
+CLIENT_NAME_RULES: tuple[tuple[str, str, int], ...] = (
+    ("claude", "mcp__mcpool__", 64),  # Claude Code: the Anthropic API's 64
+    ("qwen", "mcp__mcpool__", 63),  # Qwen Code cuts names to 63
+    ("gemini", "mcp_mcpool_", 63),  # gemini-cli cuts names over 63 in the middle
+    ("codex", "mcpool__", 64),  # Codex: its OpenAI tool names, 64
+)
 
-def exposed_name(server: str, name: str, *, prefix: bool = True) -> str:
+
+def client_budget(client_name: str | None) -> int | None:
+    """The longest exposed name that fits the named client after its prefix; None: unknown."""
+    if not client_name:
+        return None
+    lowered = client_name.lower()
+    for needle, prefix, limit in CLIENT_NAME_RULES:
+        if needle in lowered:
+            return limit - len(prefix)
+    return None
+
+
+def name_budget(
+    client_name: str | None, *, explicit: int | None = None, configured: int | None = None
+) -> int:
+    """A session's budget: `mcpool attach --max-name-length`, else the daemon option
+    `maxNameLength`, else the client's known prefix and cap, else 64."""
+    for value in (explicit, configured):
+        if value is not None:
+            return max(MIN_NAME, min(MAX_NAME, value))
+    known = client_budget(client_name)
+    return known if known is not None else MAX_NAME
+
+
+def exposed_name(server: str, name: str, *, prefix: bool = True, budget: int = MAX_NAME) -> str:
     raw = f"{server}__{name}" if prefix else name
     clean = _DISALLOWED.sub("_", raw)
-    if len(clean) <= MAX_NAME:
+    if len(clean) <= budget:
         return clean
     digest = hashlib.sha256(raw.encode()).hexdigest()[:_HASH_CHARS]
-    return f"{clean[: MAX_NAME - _HASH_CHARS - 1]}_{digest}"
+    if prefix:
+        # Keep the tool's own name whole when it fits beside a stem of the server name: the
+        # model reads the tool name, and the stem plus digest still tell servers apart.
+        tool = _DISALLOWED.sub("_", name)
+        stem = budget - len(tool) - _HASH_CHARS - 3  # "_" and "__" around the digest
+        if stem >= 3:
+            return f"{_DISALLOWED.sub('_', server)[:stem]}_{digest}__{tool}"
+    return f"{clean[: budget - _HASH_CHARS - 1]}_{digest}"

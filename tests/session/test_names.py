@@ -1,0 +1,65 @@
+"""Exposed-name budgets: names that fit each client after its own prefix (issue 13, point 3)."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcpool.session import MAX_NAME, exposed_name
+from mcpool.session._names import MIN_NAME, client_budget, name_budget
+
+SERVER_41 = "atlassian-confluence-enterprise-workspace"  # 41 characters, as in the issue
+
+
+def test_client_budgets_leave_room_for_each_clients_prefix() -> None:
+    assert client_budget("claude-code") == 64 - len("mcp__mcpool__")
+    assert client_budget("qwen-code-mcp-client") == 63 - len("mcp__mcpool__")
+    assert client_budget("gemini-cli-mcp-client") == 63 - len("mcp_mcpool_")
+    assert client_budget("codex-mcp-client") == 64 - len("mcpool__")
+    assert client_budget("some-editor") is None
+    assert client_budget(None) is None
+
+
+def test_explicit_budget_wins_then_the_daemon_option_then_the_client() -> None:
+    assert name_budget("claude-code") == 51
+    assert name_budget("claude-code", configured=40) == 40
+    assert name_budget("claude-code", explicit=30, configured=40) == 30
+    assert name_budget("unknown") == MAX_NAME
+    # Out of range values are held to what still makes a readable, unique name.
+    assert name_budget(None, explicit=3) == MIN_NAME
+    assert name_budget(None, explicit=500) == MAX_NAME
+
+
+def test_a_long_server_name_keeps_the_tool_name_whole() -> None:
+    budget = name_budget("claude-code")
+    name = exposed_name(SERVER_41, "write_file", budget=budget)
+    assert len(name) <= budget
+    assert name.endswith("__write_file")
+    assert len("mcp__mcpool__" + name) <= 64
+    assert name == exposed_name(SERVER_41, "write_file", budget=budget)  # deterministic
+
+
+def test_names_within_budget_are_untouched() -> None:
+    assert exposed_name("fs", "read_file", budget=MIN_NAME) == "fs__read_file"
+
+
+@given(
+    server=st.text(min_size=1, max_size=60),
+    names=st.lists(st.text(min_size=1, max_size=90), min_size=2, max_size=6, unique=True),
+    budget=st.integers(min_value=MIN_NAME, max_value=MAX_NAME),
+)
+def test_shortened_names_fit_the_budget_and_stay_distinct(
+    server: str, names: list[str], budget: int
+) -> None:
+    exposed = [exposed_name(server, n, budget=budget) for n in names]
+    for e in exposed:
+        assert len(e) <= budget
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", e)
+    # Distinct upstream names whose sanitised forms differ, or that were shortened, never meet.
+    sanitised = [re.sub(r"[^A-Za-z0-9_-]", "_", f"{server}__{n}") for n in names]
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            if sanitised[i] != sanitised[j] or len(sanitised[i]) > budget:
+                assert exposed[i] != exposed[j]
