@@ -69,3 +69,29 @@ def exposed_name(server: str, name: str, *, prefix: bool = True, budget: int = M
         if stem >= 3:
             return f"{_DISALLOWED.sub('_', server)[:stem]}_{digest}__{tool}"
     return f"{clean[: budget - _HASH_CHARS - 1]}_{digest}"
+
+
+def _fold(name: str) -> str:
+    # Codex turns `-` into `_` in the names it shows; compare names with both folded.
+    return name.replace("-", "_")
+
+
+def user_name_forms(query: str) -> frozenset[str]:
+    """What an exposed or upstream name may be, given a name as a user saw it in a client:
+    itself, or it without a client's prefix (`mcp__<client name for mcpool>__` of Claude Code
+    and Qwen Code, `mcp_<name>_` of gemini-cli, `<name>__` of Codex), each with `-` folded to
+    `_`. The client's name for mcpool is not known here, so every split point is a candidate."""
+    forms = {query}
+    if query.startswith("mcp__"):
+        rest = query[len("mcp__") :]
+        forms.update(rest[i + 2 :] for i in range(len(rest)) if rest.startswith("__", i))
+    if query.startswith("mcp_"):
+        rest = query[len("mcp_") :]
+        forms.update(rest[i + 1 :] for i in range(len(rest)) if rest[i] == "_")
+    forms.update(query[i + 2 :] for i in range(len(query)) if query.startswith("__", i))
+    return frozenset(_fold(f) for f in forms if f)
+
+
+def seen_as(forms: frozenset[str], name: str) -> bool:
+    """True when `name` (exposed or upstream) is one of the forms of what the user typed."""
+    return _fold(name) in forms

@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.session import MAX_NAME, exposed_name
-from mcpool.session._names import MIN_NAME, client_budget, name_budget
+from mcpool.session._names import (
+    MIN_NAME,
+    client_budget,
+    name_budget,
+    seen_as,
+    user_name_forms,
+)
 
 SERVER_41 = "atlassian-confluence-enterprise-workspace"  # 41 characters, as in the issue
 
@@ -63,3 +69,18 @@ def test_shortened_names_fit_the_budget_and_stay_distinct(
         for j in range(i + 1, len(names)):
             if sanitised[i] != sanitised[j] or len(sanitised[i]) > budget:
                 assert exposed[i] != exposed[j]
+
+
+def test_names_users_see_in_clients_lead_back_to_the_exposed_name() -> None:
+    exposed = "files__write_file"
+    for seen in (
+        "files__write_file",
+        "mcp__mcpool__files__write_file",  # Claude Code, Qwen Code
+        "mcp_mcpool_files__write_file",  # gemini-cli
+        "mcpool__files__write_file",  # Codex
+        "mcp__my_pool__files__write_file",  # a client that calls mcpool something else
+    ):
+        assert seen_as(user_name_forms(seen), exposed), seen
+    # Codex folds `-` to `_`: the exposed name with a dash is still found.
+    assert seen_as(user_name_forms("mcpool__my_files__write_file"), "my-files__write_file")
+    assert not seen_as(user_name_forms("mcp__mcpool__files__read_file"), exposed)
