@@ -3,7 +3,9 @@
 Each client spells the same idea slightly differently: Claude Code, Claude Desktop and Cursor use
 `mcpServers`; VS Code uses `servers` with `type` (and `${input:...}` variables); gemini-cli uses
 `mcpServers` with `httpUrl`/`url`/`trust`/`includeTools`/`excludeTools`, which is mcpool's own
-shape. `convert` is pure: document in, (servers, notes) out. Every field or entry that cannot be
+shape, and so does Qwen Code (a gemini-cli fork); Codex keeps `[mcp_servers.NAME]` tables in
+TOML with its own field names (`enabled_tools`, `env_vars`, `bearer_token_env_var`, ...).
+`convert` is pure: document in, (servers, notes) out. Every field or entry that cannot be
 carried over as it means in the client becomes a note, so the user learns what to check instead
 of finding out from a server that does not start. `main` merges the result into the user config
 (or `--output`), never replacing a differing server of the same name without `--overwrite`.
@@ -19,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CLIENTS = ("claude-code", "claude-desktop", "vscode", "cursor", "gemini")
+CLIENTS = ("claude-code", "claude-desktop", "vscode", "cursor", "gemini", "qwen", "codex")
+# Clients whose settings.json has gemini-cli's shape.
+_GEMINI_LIKE = ("gemini", "qwen")
 
 # Fields every client shares with mcpool, carried over as they are.
 _COMMON = ("command", "args", "env", "cwd", "url", "headers", "description", "disabled")
@@ -52,7 +56,21 @@ def default_sources(client: str) -> list[Path]:
         return [cwd / ".vscode" / "mcp.json", xdg / "Code" / "User" / "mcp.json"]
     if client == "cursor":
         return [cwd / ".cursor" / "mcp.json", home / ".cursor" / "mcp.json"]
-    return [cwd / ".gemini" / "settings.json", home / ".gemini" / "settings.json"]
+    if client == "codex":
+        codex_home = os.environ.get("CODEX_HOME", "")
+        base = Path(codex_home) if os.path.isabs(codex_home) else home / ".codex"
+        return [base / "config.toml"]
+    folder = f".{client}"  # gemini, qwen
+    return [cwd / folder / "settings.json", home / folder / "settings.json"]
+
+
+def read_document(client: str, text: str) -> Any:
+    """The client file's document: TOML for Codex, JSON with comments for the others."""
+    if client == "codex":
+        import tomllib
+
+        return tomllib.loads(text)
+    return loads_jsonc(text)
 
 
 def loads_jsonc(text: str) -> Any:
@@ -97,9 +115,9 @@ def _project_dir(client: str, source: Path | None) -> Path | None:
     if client == "claude-code" and source.name == ".mcp.json":
         return source.parent
     # ~/.cursor/mcp.json and ~/.gemini/settings.json are user files, not a project's.
-    in_project = source.parent.name in (".vscode", ".cursor", ".gemini")
+    in_project = source.parent.name in (".vscode", ".cursor", ".gemini", ".qwen")
     if (
-        client in ("vscode", "cursor", "gemini")
+        client in ("vscode", "cursor", "gemini", "qwen")
         and in_project
         and source.parent.parent != Path.home()
     ):
@@ -118,6 +136,8 @@ def _servers_of(client: str, document: dict[str, Any], notes: list[str]) -> dict
                 f"VS Code input prompts ({', '.join(ids)}) are not carried over: mcpool has no "
                 "way to ask; put the values in the imported entries by hand"
             )
+    elif client == "codex":
+        servers = document.get("mcp_servers")
     else:
         servers = document.get("mcpServers")
     if client == "claude-code" and isinstance(document.get("projects"), dict):
@@ -146,7 +166,7 @@ def convert(
         raise ImportFailed("the file does not hold a JSON object")
     notes: list[str] = []
     servers = _servers_of(client, document, notes)
-    gemini_mcp = document.get("mcp") if client == "gemini" else None
+    gemini_mcp = document.get("mcp") if client in _GEMINI_LIKE else None
     allowed = excluded = None
     if isinstance(gemini_mcp, dict):
         allowed = gemini_mcp.get("allowed")
@@ -160,6 +180,9 @@ def convert(
         if is_mcpool(raw):
             notes.append(f"{name}: skipped, it is mcpool itself")
             continue
+        if client == "codex":
+            raw, codex_notes = _from_codex(raw)
+            notes.extend(f"{name}: {note}" for note in codex_notes)
         entry, entry_notes = _convert_entry(client, name, raw, project)
         notes.extend(f"{name}: {note}" for note in entry_notes)
         if entry is None:
@@ -179,7 +202,9 @@ def _convert_entry(
     notes: list[str] = []
     entry: dict[str, Any] = {}
     carried = set(_COMMON) | set(_MCPOOL) | {"type"}
-    carried |= set(_GEMINI) if client == "gemini" else {"trust", "includeTools", "excludeTools"}
+    carried |= set(_GEMINI) if client in _GEMINI_LIKE else {"trust", "includeTools", "excludeTools"}
+    if client == "codex":
+        carried.add("timeout")  # made from Codex's own timeouts by _from_codex
     for key in raw:
         if key in carried:
             entry[key] = raw[key]
@@ -199,7 +224,7 @@ def _convert_entry(
         if kind not in _TYPES:
             return None, [*notes, f"skipped, transport type {kind!r} is not supported"]
         entry = {"type": kind, **entry}
-    elif "url" in entry and client != "gemini":
+    elif "url" in entry and client not in _GEMINI_LIKE:
         # Only gemini reads a bare url as SSE (mcpool's rule); the others mean streamable HTTP
         # or let the client probe, so say it explicitly.
         entry = {"type": "http", **entry}
@@ -232,6 +257,56 @@ def _convert_entry(
         parse_server_entry(name, entry)
     except SettingsError as exc:
         return None, [*notes, f"skipped, not a valid server entry: {exc.reason}"]
+    return entry, notes
+
+
+# Codex's field -> mcpool's, for those that mean the same.
+_CODEX_SAME = {
+    "command": "command",
+    "args": "args",
+    "env": "env",
+    "cwd": "cwd",
+    "url": "url",
+    "http_headers": "headers",
+    "enabled_tools": "includeTools",
+    "disabled_tools": "excludeTools",
+}
+
+
+def _from_codex(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A Codex `[mcp_servers.NAME]` table in mcpool's (Claude Code's) field names."""
+    entry: dict[str, Any] = {}
+    notes: list[str] = []
+    headers: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _CODEX_SAME:
+            if key == "http_headers" and isinstance(value, dict):
+                headers.update(value)
+            else:
+                entry[_CODEX_SAME[key]] = value
+        elif key == "enabled":
+            if value is False:
+                entry["disabled"] = True
+        elif key == "env_vars" and isinstance(value, list):
+            # Codex passes these through from its own environment; mcpool expands ${VAR} from
+            # the attaching session's environment, which is the same thing.
+            env = dict(entry.get("env") or {})
+            env.update({str(v): f"${{{v}}}" for v in value})
+            entry["env"] = env
+        elif key == "bearer_token_env_var" and isinstance(value, str):
+            headers["Authorization"] = f"Bearer ${{{value}}}"
+        elif key == "env_http_headers" and isinstance(value, dict):
+            headers.update({str(h): f"${{{v}}}" for h, v in value.items()})
+        elif key in ("tool_timeout_sec", "startup_timeout_sec", "startup_timeout_ms"):
+            ms = value if key.endswith("_ms") else value * 1000
+            if isinstance(ms, int | float) and ms > entry.get("timeout", 0):
+                entry["timeout"] = int(ms)  # mcpool's one timeout bounds start-up and calls
+        else:
+            notes.append(f"field {key!r} not carried over (mcpool does not know it)")
+    if headers:
+        entry["headers"] = headers
+    if "url" in entry:
+        entry = {"type": "http", **entry}  # Codex speaks streamable HTTP to a url
     return entry, notes
 
 
@@ -336,11 +411,12 @@ def _run(args: argparse.Namespace) -> int:
             raise ImportFailed(f"no {args.client} configuration found (looked at {tried})")
         source = found[0]
     try:
-        document = loads_jsonc(source.read_text(encoding="utf-8"))
+        document = read_document(args.client, source.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ImportFailed(f"cannot read {source}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise ImportFailed(f"{source} is not JSON: {exc}") from None
+    except ValueError as exc:  # tomllib.TOMLDecodeError included
+        kind = "TOML" if args.client == "codex" else "JSON"
+        raise ImportFailed(f"{source} is not {kind}: {exc}") from None
     try:
         imported, notes = convert(args.client, document, source)
     except ImportFailed as exc:

@@ -1,9 +1,11 @@
 """`mcpool setup-client` and `mcpool systemd-unit`: pointing clients and systemd at mcpool.
 
 `setup-client CLIENT` prints the snippet that makes CLIENT launch `mcpool attach` as one stdio MCP
-server. `--write` merges it into the client's own file: the file is read as JSON (a file with
-comments is refused rather than silently losing them), the previous version is kept next to it
-as `<file>.bak-<timestamp>`, and the new one replaces it atomically.
+server. `--write` merges it into the client's own file: a JSON file is read as JSON (a file with
+comments is refused rather than silently losing them), Codex's `config.toml` is edited with
+tomlkit (its comments and layout stay), the previous version is kept next to it as
+`<file>.bak-<timestamp>` (0600: client files hold tokens), and the new one replaces it
+atomically.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop")
+CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop", "codex", "gemini", "qwen")
 SERVER_NAME = "mcpool"
+# Clients whose settings exist per user and per project; `--scope` chooses (default: user).
+SCOPED = ("gemini", "qwen")
 
 
 def mcpool_command() -> list[str]:
@@ -34,9 +38,15 @@ def mcpool_command() -> list[str]:
     return [sys.executable, "-m", "mcpool"]
 
 
-def client_file(client: str) -> Path:
+def client_file(client: str, scope: str = "user") -> Path:
     """The file `--write` edits by default for each client."""
     home = Path.home()
+    if client == "codex":
+        codex_home = os.environ.get("CODEX_HOME", "")
+        return (Path(codex_home) if os.path.isabs(codex_home) else home / ".codex") / "config.toml"
+    if client in SCOPED:
+        base = Path.cwd() if scope == "project" else home
+        return base / f".{client}" / "settings.json"
     if client == "claude-code":
         return Path.cwd() / ".mcp.json"  # project scope: the file Claude Code shares with a team
     if client == "vscode":
@@ -50,8 +60,24 @@ def client_file(client: str) -> Path:
     return base / "Claude" / "claude_desktop_config.json"
 
 
+def attach_args() -> list[str]:
+    """`attach`, plus `--socket PATH` only when the socket this shell would use is not the one a
+    bridge finds by itself: clients launch servers with an environment of their own (Codex and
+    the SDK drop XDG_RUNTIME_DIR, none passes MCPOOL_SOCKET), and a bridge that looked elsewhere
+    would start a second daemon."""
+    from mcpool.daemon._paths import socket_path
+
+    here = socket_path(None)
+    saved = {k: os.environ.pop(k) for k in ("MCPOOL_SOCKET", "XDG_RUNTIME_DIR") if k in os.environ}
+    try:
+        bare = socket_path(None)
+    finally:
+        os.environ.update(saved)
+    return ["attach"] if here == bare else ["attach", "--socket", str(here)]
+
+
 def server_entry(client: str, command: list[str]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "attach"]}
+    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], *attach_args()]}
     if client == "vscode":
         return {"type": "stdio", **entry}
     return entry
@@ -82,8 +108,7 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
             if not isinstance(loaded, dict):
                 raise SetupError(f"{path} does not hold a JSON object")
             document = loaded
-        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.copy2(path, backup)
+        backup = keep_backup(path)
     key = servers_key(client)
     servers = document.get(key)
     if servers is None:
@@ -93,6 +118,62 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
     servers[SERVER_NAME] = server_entry(client, command)
     atomic_write_json(path, document)
     return backup, sorted(name for name in servers if name != SERVER_NAME)
+
+
+def keep_backup(path: Path) -> Path:
+    """Copy `path` to `<name>.bak-<timestamp>`, created 0600 whatever the umask: a client's file
+    may hold tokens, and so does its copy."""
+    backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+    data = path.read_bytes()
+    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return backup
+
+
+def write_codex_file(path: Path, command: list[str]) -> tuple[Path | None, list[str]]:
+    """Add `[mcp_servers.mcpool]` to Codex's config.toml, keeping its comments and layout."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    backup: Path | None = None
+    text = ""
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        backup = keep_backup(path)
+    try:
+        document = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise SetupError(f"{path} is not valid TOML ({exc}); fix it first") from None
+    servers = document.get("mcp_servers")
+    if servers is None:
+        servers = tomlkit.table(is_super_table=True)
+        document["mcp_servers"] = servers
+    if not isinstance(servers, dict):
+        raise SetupError(f"{path}: 'mcp_servers' is not a table")
+    entry = tomlkit.table()
+    entry["command"] = command[0]
+    entry["args"] = [*command[1:], *attach_args()]
+    servers[SERVER_NAME] = entry
+    _atomic_write_text(path, tomlkit.dumps(document))
+    return backup, sorted(name for name in servers if name != SERVER_NAME)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_json(path: Path, document: Any) -> None:
@@ -122,27 +203,42 @@ def setup_client_main(argv: list[str]) -> int:
     parser.add_argument("client", choices=CLIENTS)
     parser.add_argument("--write", action="store_true", help="edit the client's file (backed up)")
     parser.add_argument("--file", metavar="PATH", help="the client file to edit with --write")
+    parser.add_argument(
+        "--scope",
+        choices=("user", "project"),
+        default="user",
+        help="gemini and qwen: the user file (default) or this folder's project file",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     command = mcpool_command()
+    default_file = client_file(args.client, args.scope)
     if not args.write:
-        sys.stdout.write(json.dumps(snippet(args.client, command), indent=2) + "\n")
-        # Hints on stderr: stdout stays the JSON alone, ready to paste or pipe.
+        if args.client == "codex":
+            sys.stdout.write(codex_snippet(command))
+        else:
+            sys.stdout.write(json.dumps(snippet(args.client, command), indent=2) + "\n")
+        # Hints on stderr: stdout stays the snippet alone, ready to paste or pipe.
         if args.client == "claude-code":
-            shell = " ".join(command)
-            sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -- {shell} attach\n")
-        sys.stderr.write(f"`--write` adds it to {client_file(args.client)}\n")
+            shell = " ".join([*command, *attach_args()])
+            sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -s user -- {shell}\n")
+        sys.stderr.write(f"`--write` adds it to {default_file}\n")
         return 0
-    path = Path(args.file).expanduser().absolute() if args.file else client_file(args.client)
+    path = Path(args.file).expanduser().absolute() if args.file else default_file
     try:
-        backup, others = write_client_file(path, args.client, command)
+        if args.client == "codex":
+            backup, others = write_codex_file(path, command)
+        else:
+            backup, others = write_client_file(path, args.client, command)
     except (SetupError, OSError) as exc:
         sys.stderr.write(f"mcpool setup-client: {exc}\n")
         return 1
     kept = f" (previous version kept as {backup})" if backup else ""
     sys.stdout.write(f"{args.client} now launches mcpool: wrote {path}{kept}\n")
+    for line in _project_notes(args.client, path):
+        sys.stdout.write(f"note: {line}\n")
     if others:
         sys.stdout.write(
             f"note: {path} still starts its own servers ({', '.join(others)}); import them with "
@@ -150,6 +246,32 @@ def setup_client_main(argv: list[str]) -> int:
             "shared\n"
         )
     return 0
+
+
+def codex_snippet(command: list[str]) -> str:
+    import tomlkit
+
+    entry = tomlkit.table()
+    entry["command"] = command[0]
+    entry["args"] = [*command[1:], *attach_args()]
+    servers = tomlkit.table(is_super_table=True)
+    servers[SERVER_NAME] = entry
+    document = tomlkit.document()
+    document["mcp_servers"] = servers
+    return tomlkit.dumps(document)
+
+
+def _project_notes(client: str, path: Path) -> list[str]:
+    """What a project-scoped entry means: the client may still ask, and mcpool does not loop."""
+    if client != "claude-code" or path.name != ".mcp.json":
+        return []
+    return [
+        "Claude Code asks once per project whether to use the servers of its .mcp.json: "
+        "approve 'mcpool' when it starts here (or add it for your user instead, which asks "
+        "nothing: `claude mcp add mcpool -s user -- <the command above>`)",
+        f"mcpool attach reads {path} for this project's servers and skips the entry that "
+        "launches mcpool itself, so mcpool never becomes its own upstream",
+    ]
 
 
 UNIT = """\

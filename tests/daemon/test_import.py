@@ -222,3 +222,55 @@ def test_setup_client_output_imports_back_as_nothing(tmp_path: Path, client: str
     servers, notes = convert(client if client != "vscode" else "vscode", json.loads(snippet.stdout))
     assert servers == {}
     assert notes == ["mcpool: skipped, it is mcpool itself"]
+
+
+def test_codex_config_toml() -> None:
+    from mcpool.daemon._import import read_document
+
+    path = SAMPLES / "codex" / "config.toml"
+    servers, notes = convert("codex", read_document("codex", path.read_text()), path)
+    assert servers == {
+        "time": {
+            "command": "uvx",
+            "args": ["mcp-server-time"],
+            "timeout": 90_000,
+            "excludeTools": ["convert_time"],
+        },
+        "github": {
+            "type": "http",
+            "url": "https://api.githubcopilot.com/mcp/",
+            "disabled": True,
+            "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+        },
+        "files": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/docs"],
+            "env": {"AWS_PROFILE": "${AWS_PROFILE}"},
+            "includeTools": ["read_file"],
+        },
+    }
+    assert "files: field 'experimental_thing' not carried over (mcpool does not know it)" in notes
+    assert "mcpool: skipped, it is mcpool itself" in notes
+
+
+def test_qwen_settings_have_gemini_cli_shape() -> None:
+    servers, _notes = _convert("qwen", "qwen/.qwen/settings.json")
+    assert servers == {
+        "time": {
+            "command": "uvx",
+            "args": ["mcp-server-time"],
+            "trust": True,
+            "cwd": str(SAMPLES / "qwen"),
+        },
+        "docs": {"httpUrl": "http://127.0.0.1:8000/mcp", "excludeTools": ["delete"]},
+    }
+
+
+def test_import_from_codex_reads_codex_home(tmp_path: Path) -> None:
+    codex = tmp_path / ".codex"
+    codex.mkdir()
+    (codex / "config.toml").write_text((SAMPLES / "codex" / "config.toml").read_text())
+    done = mcpool("import", "--from", "codex", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / ".config" / "mcpool" / "config.json").read_text())
+    assert sorted(written["mcpServers"]) == ["files", "github", "time"]

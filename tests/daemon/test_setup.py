@@ -106,3 +106,71 @@ def test_attach_imports_none_of_the_other_subcommands() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_codex_write_keeps_comments_and_other_servers_with_a_0600_backup(tmp_path: Path) -> None:
+    codex = tmp_path / ".codex"
+    codex.mkdir()
+    before = '# mine\nmodel = "o3"  # keep\n\n[mcp_servers.fetch]\ncommand = "uvx"\n'
+    (codex / "config.toml").write_text(before)
+    done = mcpool("setup-client", "codex", "--write", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "still starts its own servers (fetch)" in done.stdout
+    text = (codex / "config.toml").read_text()
+    assert text.startswith(before)  # comments, layout and the other entry untouched
+    import tomllib
+
+    entry = tomllib.loads(text)["mcp_servers"]["mcpool"]
+    assert os.path.isabs(entry["command"])
+    assert entry["args"][-1] == "attach"
+    (backup,) = codex.glob("config.toml.bak-*")
+    assert backup.read_text() == before
+    assert backup.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("client", ["gemini", "qwen"])
+def test_gemini_and_qwen_user_and_project_scope(tmp_path: Path, client: str) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    done = mcpool("setup-client", client, "--write", home=tmp_path, cwd=project)
+    assert done.returncode == 0, done.stderr
+    user_file = tmp_path / f".{client}" / "settings.json"
+    assert json.loads(user_file.read_text())["mcpServers"]["mcpool"]["args"][-1] == "attach"
+    done = mcpool(
+        "setup-client", client, "--write", "--scope", "project", home=tmp_path, cwd=project
+    )
+    assert done.returncode == 0, done.stderr
+    project_file = project / f".{client}" / "settings.json"
+    assert "mcpool" in json.loads(project_file.read_text())["mcpServers"]
+
+
+def test_json_backup_is_0600(tmp_path: Path) -> None:
+    target = tmp_path / ".cursor" / "mcp.json"
+    target.parent.mkdir()
+    target.write_text('{"mcpServers": {}}')
+    target.chmod(0o644)
+    assert mcpool("setup-client", "cursor", "--write", home=tmp_path).returncode == 0
+    (backup,) = target.parent.glob("mcp.json.bak-*")
+    assert backup.stat().st_mode & 0o777 == 0o600
+
+
+def test_claude_code_project_write_explains_approval_and_the_loop_guard(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    done = mcpool("setup-client", "claude-code", "--write", home=tmp_path, cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert "approve 'mcpool'" in done.stdout
+    assert "never becomes its own upstream" in done.stdout
+
+
+def test_socket_is_written_only_when_a_bridge_would_not_find_it(tmp_path: Path) -> None:
+    from mcpool.daemon._setup import attach_args
+
+    saved = {k: os.environ.pop(k) for k in ("MCPOOL_SOCKET", "XDG_RUNTIME_DIR") if k in os.environ}
+    try:
+        assert attach_args() == ["attach"]
+        os.environ["MCPOOL_SOCKET"] = str(tmp_path / "elsewhere.sock")
+        assert attach_args() == ["attach", "--socket", str(tmp_path / "elsewhere.sock")]
+    finally:
+        os.environ.pop("MCPOOL_SOCKET", None)
+        os.environ.update(saved)
