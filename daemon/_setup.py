@@ -3,7 +3,8 @@
 `setup-client CLIENT` prints the snippet that makes CLIENT launch `mcpool attach` as one stdio MCP
 server. `--write` merges it into the client's own file: the file is read as JSON (a file with
 comments is refused rather than silently losing them), the previous version is kept next to it
-as `<file>.bak-<timestamp>`, and the new one replaces it atomically.
+as `<file>.bak-<timestamp>`, and the new one replaces it atomically. Both are 0600 (a client's
+config holds its servers' tokens): daemon/_files.py.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ._files import backup_private, write_private
 
 CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop")
 SERVER_NAME = "mcpool"
@@ -83,7 +85,7 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
                 raise SetupError(f"{path} does not hold a JSON object")
             document = loaded
         backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.copy2(path, backup)
+        backup_private(path, backup)
     key = servers_key(client)
     servers = document.get(key)
     if servers is None:
@@ -96,18 +98,8 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
 
 
 def atomic_write_json(path: Path, document: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace `path` with `document` as JSON: 0600, atomically (daemon/_files.py)."""
+    write_private(path, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
 
 
 class SetupError(Exception):
