@@ -112,11 +112,17 @@ def parse_settings(data: bytes, path: str) -> SettingsDocument:
         text = str(exc)
         m = _BYTE_RE.search(text)
         line = col = None
+        reason = f"not valid JSON: {_BYTE_RE.sub('', text).strip()}"
         if m:
             line, col = _line_col(data, int(m.group("byte")))
-        raise SettingsError(
-            f"not valid JSON: {_BYTE_RE.sub('', text).strip()}", path=path, line=line, column=col
-        ) from exc
+        elif "truncated" in text:
+            # msgspec gives no offset here: the error is where the data stops.
+            line, col = _line_col(data, len(data))
+            reason = "not valid JSON: it ends early (cut short while being written?)"
+        raise SettingsError(reason, path=path, line=line, column=col) from exc
+    except RecursionError:
+        # Hostile nesting (`[[[[...`) exhausts the decoder's stack: an error like any other.
+        raise SettingsError("not valid JSON: nested too deeply", path=path) from None
     if not isinstance(raw, dict):
         raise SettingsError("the top level must be a JSON object", path=path)
     servers: dict[str, ServerSettings] = {}
@@ -136,12 +142,16 @@ def parse_settings(data: bytes, path: str) -> SettingsDocument:
             except msgspec.ValidationError as exc:
                 field, reason = _field_of(exc)
                 raise SettingsError(reason, path=path, server=name, field=field) from exc
+            except RecursionError:
+                raise SettingsError("nested too deeply", path=path, server=name) from None
             transport_kind(name, settings, path)
             servers[name] = settings
     daemon = None
     if raw.get("daemon") is not None:
         try:
             daemon = msgspec.convert(raw["daemon"], DaemonOptions)
+        except RecursionError:
+            raise SettingsError("nested too deeply", path=path, field="daemon") from None
         except msgspec.ValidationError as exc:
             field, reason = _field_of(exc)
             raise SettingsError(
