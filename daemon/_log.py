@@ -86,7 +86,7 @@ class JsonLinesLog:
 
     def _open(self) -> None:
         assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # 0600 from the start (records can quote settings values); rotation renames it, so
         # daemon.log.N keep the mode.
         fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
