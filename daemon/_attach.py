@@ -195,9 +195,12 @@ def _connect(path: Path) -> _socket.socket | None:
 def spawn_daemon(path: Path) -> subprocess.Popen[bytes]:
     import subprocess  # only a cold start pays for it
 
+    from mcpool.daemon._files import open_private
+
     stderr_path = daemon_log_path(path).with_name("daemon.stderr")
     stderr_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(stderr_path, "ab") as stderr:
+    # The daemon's stderr can hold a traceback quoting settings: 0600, as its log.
+    with os.fdopen(open_private(stderr_path, os.O_WRONLY | os.O_APPEND), "ab") as stderr:
         return subprocess.Popen(
             [sys.executable, "-m", "mcpool", "daemon", "--socket", str(path)],
             stdin=subprocess.DEVNULL,

@@ -583,14 +583,19 @@ def _render_status(status: dict[str, Any]) -> None:
     config = status.get("config") or []
     if config:
         sys.stdout.write("\n")
-        table = _table("CONFIG", "KIND", "STATUS", "LOADED", "ERROR")
+        table = _table("CONFIG", "KIND", "STATUS", "SERVERS", "LOADED", "ERROR")
         for item in config:
+            error = item.get("error")
+            if error and item.get("applied_at") is not None:
+                # The file is unusable, but what it said before still applies: say since when.
+                error = f"{error} (previous servers kept, read {_when(item.get('applied_at'))})"
             table.add_row(
                 _text(item.get("path")),
                 _text(item.get("kind")),
                 _text(item.get("status")),
+                _text(item.get("servers")),
                 _text(_when(item.get("loaded_at"))),
-                _text(item.get("error")),
+                _text(error),
             )
         _print(table)
     errors = status.get("registry_errors") or []

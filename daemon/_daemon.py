@@ -131,7 +131,7 @@ class Daemon:
         self.options = DaemonOptions()
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
-        self.watcher = SettingsWatcher(self.files_changed, self.stale_files)
+        self.watcher = SettingsWatcher(self.files_changed, self.stale_files, log=self.log)
         self.bridges = _BridgeSockets()
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
@@ -153,7 +153,18 @@ class Daemon:
         loaded.generation = (previous.generation + 1) if previous else 1
         self.files[path] = loaded
         if loaded.status == "error":
-            self.log("error", f"settings file {path} not applied: {loaded.error}", path=path)
+            kept = (
+                f"; its previous {len(loaded.servers)} servers stay in force"
+                if loaded.applied_at is not None
+                else "; no servers from it"
+            )
+            self.log(
+                "error",
+                f"settings file {path} not applied: {loaded.error}{kept}",
+                **(loaded.error_at or {"path": path}),
+            )
+        elif loaded.status == "missing" and previous is not None and previous.servers:
+            self.log("info", f"settings file {path} is gone: its servers are removed", path=path)
         return loaded
 
     def apply_daemon_options(self) -> None:
@@ -769,7 +780,12 @@ class Daemon:
                 "kind": "daemon" if f.path == self.config_path else "settings",
                 "status": f.status,
                 "error": f.error,
+                "error_at": f.error_at,
                 "loaded_at": f.loaded_at,
+                # The servers in force from this file, and when they were read: for "error",
+                # the previous good generation's.
+                "servers": len(f.servers),
+                "applied_at": f.applied_at,
             }
             for f in self.files.values()
         ]

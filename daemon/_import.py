@@ -398,6 +398,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mcpool.daemon._files import backup_private
     from mcpool.daemon._paths import config_path
     from mcpool.daemon._setup import atomic_write_json
 
@@ -450,7 +451,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.dry_run and any(what in ("added", "replaced") for _, what in outcome):
         if target.exists():
             backup = target.with_name(target.name + ".bak")
-            backup.write_bytes(target.read_bytes())
+            # As secret as the config it copies: 0600 from the start (daemon/_files.py).
+            backup_private(target, backup)
             report.write(f"previous version kept as {backup}\n")
         atomic_write_json(target, document_out)
     return 0

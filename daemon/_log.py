@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ._files import open_private
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 ALIASES = {"warn": "warning", "err": "error"}
 DEFAULT_LEVEL = "info"
@@ -84,8 +86,11 @@ class JsonLinesLog:
 
     def _open(self) -> None:
         assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0600 from the start (records can quote settings values); rotation renames it, so
+        # daemon.log.N keep the mode.
+        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._size = os.fstat(self._file.fileno()).st_size
 
     def _rotate(self) -> None:

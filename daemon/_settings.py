@@ -2,12 +2,22 @@
 
 A file that does not parse or does not validate leaves its previous good version in force; the
 error names the file, the server and the field (line and column for JSON syntax errors).
+
+The statuses a file can have (`daemonctl status`, config[].status):
+- "ok": read and applied; `{}` is a valid file with no servers.
+- "error": the file exists but cannot be used: empty (an editor's truncate-then-write, or
+  `cat f > f`), cut short mid-write, not JSON, not valid settings, unreadable, or not a regular
+  file. The previous good generation stays in force (`servers` in force, `applied_at` when
+  they were read); an error seen at daemon start, with no previous generation, has no servers.
+- "missing": the file does not exist; its servers are gone. (The watcher re-checks an empty or
+  missing file once after a short settle delay before reporting it: daemon/_watch.py.)
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import Any
 
 import msgspec
@@ -16,6 +26,9 @@ from mcpool.pool import ServerSettings, transport_kind
 from mcpool.protocol import SettingsError
 
 DEFAULT_MAX_LINE = 16 * 1024 * 1024
+# A settings file is a few KiB; a larger one is a mistake (a log or a dump saved over it), read
+# no further than this so it cannot exhaust the daemon's memory.
+MAX_SETTINGS_BYTES = 4 * 1024 * 1024
 
 
 class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
@@ -45,11 +58,16 @@ class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):
 
 class LoadedFile(msgspec.Struct, kw_only=True):
     path: str
-    status: str  # ok | missing | error
+    status: str  # ok | missing | error (see the module docstring)
     servers: dict[str, ServerSettings] = msgspec.field(default_factory=dict)
     daemon: DaemonOptions | None = None
     error: str | None = None
+    # Where the error is, as far as known: path, line, column, server, field.
+    error_at: dict[str, Any] | None = None
     loaded_at: float | None = None
+    # When the servers in force were read: loaded_at for "ok"; for "error", that of the
+    # previous good generation it keeps (None: nothing was ever applied).
+    applied_at: float | None = None
     generation: int = 0
     # (mtime_ns, size, inode) of what was read: lets an attach see a write the watcher has
     # not delivered yet.
@@ -59,7 +77,7 @@ class LoadedFile(msgspec.Struct, kw_only=True):
 def file_signature(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in a path a session sent
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
@@ -94,11 +112,17 @@ def parse_settings(data: bytes, path: str) -> SettingsDocument:
         text = str(exc)
         m = _BYTE_RE.search(text)
         line = col = None
+        reason = f"not valid JSON: {_BYTE_RE.sub('', text).strip()}"
         if m:
             line, col = _line_col(data, int(m.group("byte")))
-        raise SettingsError(
-            f"not valid JSON: {_BYTE_RE.sub('', text).strip()}", path=path, line=line, column=col
-        ) from exc
+        elif "truncated" in text:
+            # msgspec gives no offset here: the error is where the data stops.
+            line, col = _line_col(data, len(data))
+            reason = "not valid JSON: it ends early (cut short while being written?)"
+        raise SettingsError(reason, path=path, line=line, column=col) from exc
+    except RecursionError:
+        # Hostile nesting (`[[[[...`) exhausts the decoder's stack: an error like any other.
+        raise SettingsError("not valid JSON: nested too deeply", path=path) from None
     if not isinstance(raw, dict):
         raise SettingsError("the top level must be a JSON object", path=path)
     servers: dict[str, ServerSettings] = {}
@@ -118,12 +142,16 @@ def parse_settings(data: bytes, path: str) -> SettingsDocument:
             except msgspec.ValidationError as exc:
                 field, reason = _field_of(exc)
                 raise SettingsError(reason, path=path, server=name, field=field) from exc
+            except RecursionError:
+                raise SettingsError("nested too deeply", path=path, server=name) from None
             transport_kind(name, settings, path)
             servers[name] = settings
     daemon = None
     if raw.get("daemon") is not None:
         try:
             daemon = msgspec.convert(raw["daemon"], DaemonOptions)
+        except RecursionError:
+            raise SettingsError("nested too deeply", path=path, field="daemon") from None
         except msgspec.ValidationError as exc:
             field, reason = _field_of(exc)
             raise SettingsError(
@@ -139,44 +167,98 @@ def parse_server_entry(name: str, entry: Any, source: str = "<runtime>") -> Serv
 
 
 def read_settings_file(path: str, *, now: float, previous: LoadedFile | None) -> LoadedFile:
-    """Read `path`. On failure the previous good servers stay in force (status says error)."""
+    """Read `path`; never raises. On failure the previous good servers stay in force (status
+    says error); a file that does not exist is "missing" and has no servers."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = f.read()
+        # O_NONBLOCK: a FIFO put in place of the file must not hang the daemon's reload.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return LoadedFile(path=path, status="missing", loaded_at=now)
-    except OSError as exc:
-        return _failed(path, f"cannot read {path}: {exc.strerror}", previous, now)
-    if not data.strip():
-        return LoadedFile(
-            path=path, status="ok", loaded_at=now, signature=(st.st_mtime_ns, st.st_size, st.st_ino)
-        )
-    signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        return _failed(path, SettingsError(f"cannot read it: {reason}", path=path), previous, now)
     try:
+        st = os.fstat(fd)
+        signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if not stat.S_ISREG(st.st_mode):
+            error = SettingsError("not a regular file", path=path)
+            return _failed(path, error, previous, now, signature)
+        data = _read_bounded(fd)
+    except OSError as exc:
+        error = SettingsError(f"cannot read it: {exc.strerror}", path=path)
+        return _failed(path, error, previous, now)
+    finally:
+        os.close(fd)
+    try:
+        if len(data) > MAX_SETTINGS_BYTES:
+            raise SettingsError(f"larger than {MAX_SETTINGS_BYTES} bytes", path=path)
+        if not data.strip():
+            # Never "no servers": an editor truncates before it writes, and `cat f > f` leaves
+            # the file empty. A file with no servers says so: `{}`.
+            raise SettingsError(
+                "the file is empty (cut short while being written?); a file with no servers "
+                "is `{}`",
+                path=path,
+                line=1,
+                column=1,
+            )
         doc = parse_settings(data, path)
     except SettingsError as exc:
-        failed = _failed(path, exc.message + ": " + exc.reason, previous, now)
-        failed.signature = signature
-        return failed
+        return _failed(path, exc, previous, now, signature)
     return LoadedFile(
         path=path,
         status="ok",
         servers=doc.mcp_servers,
         daemon=doc.daemon,
         loaded_at=now,
+        applied_at=now,
         signature=signature,
     )
 
 
-def _failed(path: str, error: str, previous: LoadedFile | None, now: float) -> LoadedFile:
+def _read_bounded(fd: int) -> bytes:
+    """Up to MAX_SETTINGS_BYTES + 1 bytes (one more says "too large")."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_SETTINGS_BYTES:
+        chunk = os.read(fd, MAX_SETTINGS_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _failed(
+    path: str,
+    exc: SettingsError,
+    previous: LoadedFile | None,
+    now: float,
+    signature: tuple[int, int, int] | None = None,
+) -> LoadedFile:
+    """An unusable file: the previous generation's servers and options stay in force."""
+    kept = previous if previous is not None and previous.status != "missing" else None
+    where = {
+        key: value
+        for key, value in (
+            ("path", exc.path),
+            ("line", exc.line),
+            ("column", exc.column),
+            ("server", exc.server),
+            ("field", exc.field),
+        )
+        if value is not None
+    }
     return LoadedFile(
         path=path,
         status="error",
-        servers=previous.servers if previous else {},
-        daemon=previous.daemon if previous else None,
-        error=error,
+        servers=kept.servers if kept else {},
+        daemon=kept.daemon if kept else None,
+        error=exc.message + ": " + exc.reason,
+        error_at=where,
         loaded_at=now,
+        applied_at=kept.applied_at if kept else None,
+        signature=signature,
     )
 
 

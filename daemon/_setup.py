@@ -4,8 +4,8 @@
 server. `--write` merges it into the client's own file: a JSON file is read as JSON (a file with
 comments is refused rather than silently losing them), Codex's `config.toml` is edited with
 tomlkit (its comments and layout stay), the previous version is kept next to it as
-`<file>.bak-<timestamp>` (0600: client files hold tokens), and the new one replaces it
-atomically.
+`<file>.bak-<timestamp>` and the new one replaces it atomically; both are 0600 (a client's config
+holds its servers' tokens): daemon/_files.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ._files import backup_private, write_private
 
 CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop", "codex", "gemini", "qwen")
 SERVER_NAME = "mcpool"
@@ -121,16 +122,9 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
 
 
 def keep_backup(path: Path) -> Path:
-    """Copy `path` to `<name>.bak-<timestamp>`, created 0600 whatever the umask: a client's file
-    may hold tokens, and so does its copy."""
+    """Copy `path` to `<name>.bak-<timestamp>` (0600: a backup of a secret is a secret)."""
     backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-    data = path.read_bytes()
-    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    backup_private(path, backup)
     return backup
 
 
@@ -158,37 +152,13 @@ def write_codex_file(path: Path, command: list[str]) -> tuple[Path | None, list[
     entry["command"] = command[0]
     entry["args"] = [*command[1:], *attach_args()]
     servers[SERVER_NAME] = entry
-    _atomic_write_text(path, tomlkit.dumps(document))
+    write_private(path, tomlkit.dumps(document).encode("utf-8"))
     return backup, sorted(name for name in servers if name != SERVER_NAME)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_json(path: Path, document: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace `path` with `document` as JSON: 0600, atomically (daemon/_files.py)."""
+    write_private(path, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
 
 
 class SetupError(Exception):

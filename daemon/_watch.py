@@ -8,12 +8,24 @@ callback. When the set of folders changes (a session with a new project attaches
 `awatch` is stopped through its `stop_event` (cancelling alone can take seconds) and started
 again over the new folders. Reloads themselves go through the daemon's one reload gate (S7);
 the watcher only says which files changed.
+
+What is watched is a `WatchPlan`, planned from the files and the disk as they are now:
+- a symlinked file is watched at every hop (the link's folder and each target's real folder):
+  editing the target in place, replacing it atomically in its own folder, or re-pointing the
+  link are all seen, and a change to a hop plans again (the new target's folder is watched);
+- a folder that does not exist (deleted, or not created yet) is watched through its nearest
+  existing ancestor, for the creation of the next folder down;
+- a watched folder that is deleted or moved away (its inotify watch dies with it, even if a
+  new folder of the same name appears at once) restarts the watch over a new plan.
+Nothing polls: an idle daemon only wakes for events in the folders it watches.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import trio
@@ -36,8 +48,97 @@ MAX_DELAY = 0.1
 # differs from what the daemon loaded are treated as changed.
 STARTUP_RECHECK = 0.5
 
+# A batch with a file that is empty or missing is held this long, then re-read with whatever
+# arrived meanwhile: an editor that truncates then writes, or renames the old file away then
+# writes the new one, has finished by then, so the daemon neither reports a passing error nor
+# removes a file's servers for a file that is back a moment later.
+SETTLE_DELAY = 0.25
+
+# The watch could not start (a folder removed between planning and watching, or the OS watch
+# limit reached): plan again after this, doubling up to WATCH_RETRY_MAX while it keeps failing
+# (slow enough that a lasting failure is no busy loop).
+WATCH_RETRY_INITIAL = 0.1
+WATCH_RETRY_MAX = 30.0
+
+# As the kernel's ELOOP limit: a longer symlink chain (or a loop) is followed no further.
+MAX_SYMLINK_HOPS = 40
+
 ReloadCallback = Callable[[set[str]], Awaitable[None]]
 StaleCheck = Callable[[], set[str]]
+LogCallback = Callable[..., None]
+
+
+def symlink_hops(path: str) -> list[str]:
+    """`path` and each symlink target on the way to the file, each as real folder + name (the
+    form watchfiles reports for a watched real folder)."""
+    hops: list[str] = []
+    current = os.path.abspath(path)
+    for _ in range(MAX_SYMLINK_HOPS):
+        current = os.path.join(
+            os.path.realpath(os.path.dirname(current)), os.path.basename(current)
+        )
+        if current in hops:
+            break
+        hops.append(current)
+        try:
+            target = os.readlink(current)
+        except OSError:  # not a link (or gone): the chain ends here
+            break
+        current = os.path.join(os.path.dirname(current), target)
+    return hops
+
+
+def existing_folder(folder: str) -> tuple[str, str | None]:
+    """`folder` if it exists; else its nearest existing ancestor and that ancestor's child on
+    the way down (whose creation is what to wait for)."""
+    child: str | None = None
+    while not os.path.isdir(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        child, folder = folder, parent
+    return folder, child
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """The folders to watch, and which watched files an event at a path concerns."""
+
+    folders: frozenset[str] = frozenset()
+    routes: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def concerned(self, paths: Iterable[str]) -> set[str]:
+        hit: set[str] = set()
+        for path in paths:
+            hit.update(self.routes.get(path, ()))
+        return hit
+
+
+def plan_watch(files: Iterable[str]) -> WatchPlan:
+    """Plan from the disk as it is now (a few stat/readlink calls per file); never raises."""
+    routes: dict[str, set[str]] = {}
+    folders: set[str] = set()
+    for file in files:
+        try:
+            hops = symlink_hops(file)
+            for hop in hops:
+                routes.setdefault(hop, set()).add(file)
+                folder, child = existing_folder(os.path.dirname(hop))
+                folders.add(folder)
+                # The folder itself: its deletion (or, for an ancestor, the creation of the
+                # next folder down) concerns the file.
+                routes.setdefault(child if child is not None else folder, set()).add(file)
+        except ValueError:  # a NUL byte in a path a session sent: nothing to watch for it
+            continue
+    return WatchPlan(frozenset(folders), {k: frozenset(v) for k, v in routes.items()})
+
+
+def unsettled(path: str) -> bool:
+    """Empty or missing: maybe an editor's save in progress (see SETTLE_DELAY)."""
+    try:
+        return os.stat(path).st_size == 0
+    except (OSError, ValueError):
+        return True
 
 
 class ChangeBatcher:
@@ -53,6 +154,11 @@ class ChangeBatcher:
         self._first = 0.0
         self._last = 0.0
         self._news = trio.Event()
+
+    def take(self) -> set[str]:
+        """Whatever is pending, at once (the settle re-check merges it into its batch)."""
+        batch, self._paths = self._paths, set()
+        return batch
 
     def add(self, paths: Iterable[str]) -> None:
         now = trio.current_time()
@@ -78,47 +184,68 @@ class ChangeBatcher:
 
 
 class SettingsWatcher:
-    def __init__(self, on_change: ReloadCallback, stale: StaleCheck | None = None) -> None:
+    def __init__(
+        self,
+        on_change: ReloadCallback,
+        stale: StaleCheck | None = None,
+        log: LogCallback | None = None,
+    ) -> None:
         self._on_change = on_change
         self._stale = stale
+        self._log = log
         self._nursery: trio.Nursery | None = None
         self.batcher = ChangeBatcher()
         self._files: set[str] = set()
+        self.plan = WatchPlan()
         self._changed = trio.Event()
         self._stop: anyio.Event | None = None
         self.closed = False
+        # How many times awatch has been (re)started: tests wait on it.
+        self.starts = 0
 
     @property
     def folders(self) -> set[str]:
-        return {os.path.dirname(f) for f in self._files}
+        return set(self.plan.folders)
 
     def watch(self, files: Iterable[str]) -> None:
         """Replace the watched file set (idempotent; folders restart only when they change)."""
-        new = {os.path.abspath(f) for f in files}
-        old_folders = self.folders
-        self._files = new
-        if self.folders != old_folders:
-            self._changed.set()
-            if self._stop is not None:
-                self._stop.set()
+        self._files = {os.path.abspath(f) for f in files}
+        self._replan()
 
-    def close(self) -> None:
-        self.closed = True
+    def _replan(self) -> bool:
+        """Plan again; restart the running watch when what it watches changed."""
+        plan = plan_watch(self._files)
+        if plan == self.plan:
+            return False
+        restart = plan.folders != self.plan.folders
+        self.plan = plan
+        if restart:
+            self._restart()
+        return restart
+
+    def _restart(self) -> None:
         self._changed.set()
         if self._stop is not None:
             self._stop.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._restart()
 
     async def run(self) -> None:
         """Watch folders and feed the batcher; a second task applies batches one at a time."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._apply_batches)
+            nursery.start_soon(self.apply_batches)
             await self._watch_folders()
             nursery.cancel_scope.cancel()
 
-    async def _apply_batches(self) -> None:
+    async def apply_batches(self) -> None:
         while True:
             batch = await self.batcher.next_batch()
+            if any(unsettled(path) for path in batch):
+                await trio.sleep(SETTLE_DELAY)
+                batch |= self.batcher.take()
             await self._on_change(batch)
 
     async def _recheck(self, delay: float) -> None:
@@ -128,33 +255,56 @@ class SettingsWatcher:
         if stale:
             self.batcher.add(stale)
 
-    def _existing_folders(self) -> list[str]:
-        # A folder that does not exist yet cannot be watched; attach of a new one re-runs this.
-        return sorted(f for f in self.folders if os.path.isdir(f))
-
-    def _watched(self, paths: set[str]) -> set[str]:
-        return {os.path.abspath(p) for p in paths} & self._files
+    def _seen(self, paths: set[str]) -> None:
+        """One awatch batch: report the files it concerns; plan again when it touched a hop
+        or a folder, and restart when a watched folder itself was deleted or moved."""
+        paths = {os.path.abspath(path) for path in paths}
+        hit = self.plan.concerned(paths)
+        if not hit:
+            return
+        self.batcher.add(hit)
+        folder_event = bool(paths & self.plan.folders)
+        if not self._replan() and folder_event:
+            # Same plan, but the folder was replaced: the old watch died with its inode.
+            self._restart()
 
     async def _watch_folders(self) -> None:
         from watchfiles import awatch
 
+        retry = WATCH_RETRY_INITIAL
         while not self.closed:
-            folders = self._existing_folders()
+            self._replan()
+            folders = sorted(self.plan.folders)
             self._changed = trio.Event()
             if not folders:
                 await self._changed.wait()
                 continue
             self._stop = anyio.Event()
+            self.starts += 1
             if self._nursery is not None and self._stale is not None:
                 self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
-            async for changes in awatch(
-                *folders,
-                debounce=DEBOUNCE_MS,
-                step=STEP_MS,
-                stop_event=self._stop,
-                recursive=False,
-            ):
-                hit = self._watched({path for _, path in changes})
-                if hit:
-                    self.batcher.add(hit)
+            try:
+                async for changes in awatch(
+                    *folders,
+                    debounce=DEBOUNCE_MS,
+                    step=STEP_MS,
+                    stop_event=self._stop,
+                    recursive=False,
+                ):
+                    self._seen({path for _, path in changes})
+                    retry = WATCH_RETRY_INITIAL
+            except OSError as exc:
+                # Never the end of hot reload: a file's folder can vanish between planning and
+                # watching, and the next plan watches its ancestor instead.
+                self._note("warning", f"settings watch failed ({exc}); retrying", folders=folders)
+                with trio.move_on_after(retry):
+                    await self._changed.wait()
+                retry = min(retry * 2, WATCH_RETRY_MAX)
+                if self._stale is not None and (missed := self._stale() & self._files):
+                    # Writes during the gap had no watch to report them.
+                    self.batcher.add(missed)
             self._stop = None
+
+    def _note(self, level: str, message: str, **fields: Any) -> None:
+        if self._log is not None:
+            self._log(level, message, **fields)

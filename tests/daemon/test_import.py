@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +276,25 @@ def test_import_from_codex_reads_codex_home(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     written = json.loads((tmp_path / ".config" / "mcpool" / "config.json").read_text())
     assert sorted(written["mcpServers"]) == ["files", "github", "time"]
+
+
+def test_import_backup_and_config_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    config = tmp_path / ".config" / "mcpool" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"mcpServers": {"secret": {"command": "x", "env": {"T": "s"}}}}))
+    config.chmod(0o600)
+    old = os.umask(0)  # the child inherits it: a umask-dependent create would make 0666
+    try:
+        done = mcpool(
+            "import", "--from", "claude-code", str(SAMPLES / "claude-code" / ".mcp.json"),
+            home=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    backup = config.parent / "config.json.bak"
+    assert "secret" in json.loads(backup.read_text())["mcpServers"]
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    # Written atomically: no temporary file left next to it.
+    assert sorted(p.name for p in config.parent.iterdir()) == ["config.json", "config.json.bak"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,29 @@ def test_an_unwritable_log_never_raises(tmp_path: Path) -> None:
     assert log.record("error", "still returned") is not None
     memory_only = JsonLinesLog(None)
     assert memory_only.record("info", "no file") is not None
+
+
+def test_the_log_and_its_rotations_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "daemon.log"
+    old = os.umask(0)
+    try:
+        log = JsonLinesLog(path, max_bytes=300, backups=2)
+        for n in range(20):
+            log.record("info", f"message {n:02d}", pad="x" * 20)
+        log.close()
+    finally:
+        os.umask(old)
+    files = sorted(tmp_path.joinpath("state").iterdir())
+    assert [p.name for p in files] == ["daemon.log", "daemon.log.1", "daemon.log.2"]
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
+def test_an_existing_readable_log_is_made_private_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.log"
+    path.write_text("")
+    path.chmod(0o644)
+    log = JsonLinesLog(path)
+    log.record("info", "first")
+    log.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

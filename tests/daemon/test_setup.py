@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,34 @@ def test_socket_is_written_only_when_a_bridge_would_not_find_it(tmp_path: Path) 
     finally:
         os.environ.pop("MCPOOL_SOCKET", None)
         os.environ.update(saved)
+
+
+def test_write_backup_and_file_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / ".vscode").mkdir(parents=True)
+    target = project / ".vscode" / "mcp.json"
+    target.write_text(json.dumps({"servers": {"gh": {"command": "x", "env": {"TOKEN": "s"}}}}))
+    target.chmod(0o644)  # a client file left readable: the copy holding its token must not be
+    old = os.umask(0)
+    try:
+        done = mcpool("setup-client", "vscode", "--write", home=tmp_path, cwd=project)
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    (backup,) = (project / ".vscode").glob("mcp.json.bak-*")
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in (project / ".vscode").iterdir()) == ["mcp.json", backup.name]
+
+
+def test_write_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "cursor-mcp.json"
+    real.parent.mkdir()
+    real.write_text(json.dumps({"mcpServers": {}}))
+    link = tmp_path / ".cursor" / "mcp.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    done = mcpool("setup-client", "cursor", "--write", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink()
+    assert "mcpool" in json.loads(real.read_text())["mcpServers"]

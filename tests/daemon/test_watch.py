@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import trio
 
-from mcpool.daemon._watch import ChangeBatcher, SettingsWatcher
+from mcpool.daemon._watch import SETTLE_DELAY, ChangeBatcher, SettingsWatcher, plan_watch
 
 
 async def test_batch_waits_for_quiet_after_the_last_change(autojump_clock):
@@ -105,3 +106,158 @@ async def test_in_place_write_is_seen_and_other_files_are_not_reported(tmp_path:
 
     seen = await _watch_until(tmp_path, write, {str(target)})
     assert seen == {str(target)}
+
+
+# --- what is watched: symlink hops and missing folders (no watch running) --------------------
+
+
+def test_plan_follows_each_symlink_hop_to_the_real_folder(tmp_path: Path):
+    (tmp_path / "dotfiles").mkdir()
+    (tmp_path / "cfg").mkdir()
+    target = tmp_path / "dotfiles" / "mcpool.json"
+    target.write_text("{}")
+    middle = tmp_path / "dotfiles" / "current.json"
+    middle.symlink_to("mcpool.json")
+    link = tmp_path / "cfg" / "config.json"
+    link.symlink_to(middle)
+    plan = plan_watch({str(link)})
+    assert plan.folders == {str(tmp_path / "cfg"), str(tmp_path / "dotfiles")}
+    for hop in (link, middle, target):
+        assert plan.concerned({str(hop)}) == {str(link)}
+    assert plan.concerned({str(tmp_path / "dotfiles" / "other.json")}) == set()
+
+
+def test_plan_watches_the_nearest_existing_ancestor_of_a_missing_folder(tmp_path: Path):
+    missing = tmp_path / "a" / "b" / "s.json"
+    plan = plan_watch({str(missing)})
+    assert plan.folders == {str(tmp_path)}
+    # Creating the first missing folder is what concerns the file.
+    assert plan.concerned({str(tmp_path / "a")}) == {str(missing)}
+
+
+def test_plan_never_raises_on_a_path_a_session_sent(tmp_path: Path):
+    plan = plan_watch({"/x/a\0b.json", str(tmp_path / "s.json")})
+    assert plan.folders == {str(tmp_path)}
+
+
+async def test_an_empty_file_is_settled_before_it_is_reported(tmp_path: Path, autojump_clock):
+    target = tmp_path / "s.json"
+    target.write_text("")  # an editor truncated it ...
+    batches: list[tuple[float, set[str], str]] = []
+
+    async def on_change(paths: set[str]) -> None:
+        batches.append((trio.current_time(), paths, target.read_text()))
+
+    watcher = SettingsWatcher(on_change)
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.apply_batches)
+        watcher.batcher.add({str(target)})
+        await trio.sleep(SETTLE_DELAY / 2)
+        target.write_text('{"mcpServers": {}}')  # ... and writes it a moment later
+        watcher.batcher.add({str(target)})
+        await trio.sleep(SETTLE_DELAY * 4)
+        nursery.cancel_scope.cancel()
+    # One reload, after the write: never the passing empty file.
+    assert [(paths, text) for _, paths, text in batches] == [({str(target)}, '{"mcpServers": {}}')]
+    assert batches[0][0] - start >= SETTLE_DELAY
+
+
+# --- real watching: folders deleted and re-created, symlinks edited and swapped ----------------
+
+
+class _Seen:
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+        self.news = trio.Event()
+
+    async def __call__(self, paths: set[str]) -> None:
+        self.paths.update(paths)
+        self.news.set()
+
+    async def until(self, path: Path, action) -> None:
+        """Repeat `action` until the watcher reports `path` (bounded): the OS watch registers in
+        watchfiles' thread with no event to wait on."""
+        self.paths.clear()
+        with trio.fail_after(10):
+            while str(path) not in self.paths:
+                self.news = trio.Event()
+                action()
+                with trio.move_on_after(0.5):
+                    await self.news.wait()
+
+
+async def _restarted(watcher: SettingsWatcher, after: int) -> None:
+    with trio.fail_after(10):
+        while watcher.starts <= after:
+            await trio.sleep(0.01)
+
+
+async def test_a_write_is_seen_after_the_folder_is_deleted_and_recreated(tmp_path: Path):
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    target = folder / "s.json"
+    target.write_text("{}")
+    seen = _Seen()
+    watcher = SettingsWatcher(seen)
+    watcher.watch({str(target)})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+        for recreate_at_once in (False, True):
+            starts = watcher.starts
+            shutil.rmtree(folder)
+            if recreate_at_once:
+                # Same name, new inode: the old watch died with the old folder.
+                folder.mkdir()
+            await _restarted(watcher, starts)
+            if not recreate_at_once:
+                assert watcher.folders == {str(tmp_path)}
+                starts = watcher.starts
+                folder.mkdir()
+                await _restarted(watcher, starts)
+            assert watcher.folders == {str(folder)}
+            await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+        watcher.close()
+
+
+async def test_a_symlinked_config_is_followed_when_edited_replaced_or_re_pointed(tmp_path: Path):
+    for name in ("cfg", "dotfiles", "other"):
+        (tmp_path / name).mkdir()
+    first = tmp_path / "dotfiles" / "mcpool.json"
+    first.write_text("{}")
+    link = tmp_path / "cfg" / "config.json"
+    link.symlink_to(first)
+    seen = _Seen()
+    watcher = SettingsWatcher(seen)
+    watcher.watch({str(link)})
+
+    def edit(path: Path) -> None:
+        with open(path, "w") as f:
+            f.write('{"mcpServers": {}}')
+
+    def replace_in_its_folder(path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text('{"mcpServers": {}}')
+        os.replace(tmp, path)
+
+    second = tmp_path / "other" / "b.json"
+    second.write_text("{}")
+
+    def re_point() -> None:
+        tmp_link = link.with_name(".config.json.new")
+        tmp_link.unlink(missing_ok=True)
+        tmp_link.symlink_to(second)
+        os.replace(tmp_link, link)  # as `ln -sfn` does
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        await seen.until(link, lambda: edit(first))
+        await seen.until(link, lambda: replace_in_its_folder(first))
+        starts = watcher.starts
+        await seen.until(link, re_point)
+        await _restarted(watcher, starts)
+        assert str(tmp_path / "other") in watcher.folders
+        await seen.until(link, lambda: edit(second))
+        await seen.until(link, lambda: replace_in_its_folder(second))
+        watcher.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,10 @@ async def test_racing_attaches_start_one_daemon_and_all_sessions_work(tmp_path: 
             while len(daemons_on(sock)) > 1:
                 await trio.sleep(0.05)
         assert len(daemons_on(sock)) == 1
+        # What the started daemon writes may quote settings: its stderr and log are 0600.
+        for name in ("daemon.stderr", "daemon.log"):
+            path = tmp_path / "state" / "mcpool" / name
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
         # The daemon goes away: every bridge exits non-zero with one line on stderr.
         daemon = daemons_on(sock)[0]
         daemon.send_signal(signal.SIGTERM)
