@@ -485,7 +485,8 @@ class HttpUpstream(Upstream):
         self._fail_one(uid, f"answered HTTP {status}")
 
     def _note(self, text: str) -> None:
-        self.stderr_tail.append(f"{NOTES} {text}")
+        # Transport errors may quote what was sent (h11 quotes a refused header value).
+        self.stderr_tail.append(f"{NOTES} {self.identity.redact(text)}")
 
     def _tail(self) -> list[str]:
         return list(self.stderr_tail)[-5:]
