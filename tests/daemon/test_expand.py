@@ -114,6 +114,7 @@ def test_an_unset_variable_without_default_names_server_file_field_and_variable(
         ({"url": "https://x", "headers": {"Auth": "a\r\nX-Evil: 1"}}, "headers.Auth"),
         ({"url": "https://x", "headers": {"X-K": "v\x00"}}, "headers.X-K"),
         ({"url": "https://x", "headers": {"X-K": "snow\u2603man"}}, "headers.X-K"),
+        ({"url": "https://x", "headers": {"X-K": "caf\u00e9"}}, "headers.X-K"),
         ({"url": "https://x", "headers": {"Bad Name": "v"}}, "headers.Bad Name"),
         ({"command": "x", "env": {"K": "a\x00b"}}, "env.K"),
         ({"command": "x", "env": {"A=B": "v"}}, "env.A=B"),
