@@ -211,6 +211,7 @@ class Daemon:
         session = state.session
         env = state.env if state.env is not None else base_environment()
         skipped: dict[str, tuple[str, str]] = {}
+        loops: set[str] = set()
         for name, (entry, source) in merged.items():
             if entry.disabled:
                 continue
@@ -220,6 +221,9 @@ class Daemon:
                 check_values(name, entry, source)
                 loop = self_launch(entry)
                 if loop is not None:
+                    # Expected in a project's .mcp.json (the client launches mcpool from it):
+                    # a warning, not an error.
+                    loops.add(name)
                     raise SettingsError(loop, path=source, server=name, field="command")
             except SettingsError as exc:
                 skipped[name] = (source, f"{exc.message}: {exc.reason}")
@@ -258,7 +262,8 @@ class Daemon:
             desired[name] = Desired(name, entry, identity, key, source)
         for name, (source, error) in skipped.items():
             if state.skipped.get(name) != (source, error):
-                self.log("error", f"server '{name}' skipped: {error}", path=source, server=name)
+                level = "warning" if name in loops else "error"
+                self.log(level, f"server '{name}' skipped: {error}", path=source, server=name)
         state.skipped = skipped
         return desired
 

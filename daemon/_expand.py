@@ -17,6 +17,7 @@ without a bridge (a raw socket client, HTTP) expands from the daemon's base envi
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -191,6 +192,7 @@ def self_launch(entry: ServerSettings, install_script: str | None = None) -> str
     return None
 
 
+@functools.cache  # the install does not move under a running daemon
 def _install_script() -> str | None:
     """This install's `mcpool` console script, resolved (a symlink to it is mcpool too)."""
     script = os.path.join(os.path.dirname(sys.executable), "mcpool")

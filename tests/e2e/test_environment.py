@@ -24,7 +24,16 @@ from .harness import (
     fake_server,
     run_daemonctl,
 )
-from .support import STEP_TIMEOUT, call_text, servers_of, tool_names, wait_until
+from .support import (
+    PROTOCOL_VERSION,
+    STEP_TIMEOUT,
+    call_text,
+    raw_call,
+    raw_text,
+    servers_of,
+    tool_names,
+    wait_until,
+)
 
 SECRET = "s3cr3t-only-for-client-a"
 
@@ -289,3 +298,48 @@ async def test_entries_that_launch_mcpool_are_skipped_and_disguised_ones_refuse(
     assert "refusing to run as an upstream" in nested["last_error"]
     assert "refusing to run as an upstream" in "\n".join(logs["lines"])
     assert len(sessions) == 1, sessions  # the nested bridge never became a session
+
+
+async def test_a_session_without_a_bridge_expands_from_the_base_environment(
+    daemon_factory: DaemonFactory,
+) -> None:
+    entry = fake_server()
+    entry["env"] = {"SEEN_SECRET": "${SECRET_TOKEN:-absent}", "SEEN_LANG": "${LANG:-none}"}
+    daemon = await daemon_factory({"fake": entry}, env={"SECRET_TOKEN": SECRET, "LANG": "C.UTF-8"})
+    async with daemon.raw() as client:  # a raw MCP client: no mcpool/attach, no env sent
+        init = await client.request(
+            "initialize",
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        )
+        assert "result" in init, init
+        await client.notify("notifications/initialized")
+
+        async def listed() -> bool:
+            tools = (await client.request("tools/list", {}))["result"]["tools"]
+            return any(t["name"] == "fake__env" for t in tools)
+
+        with trio.fail_after(STEP_TIMEOUT):
+            await wait_until(listed)
+        seen = [
+            raw_text(await raw_call(client, "fake__env", {"name": name}))
+            for name in ("SEEN_SECRET", "SEEN_LANG")
+        ]
+    # The daemon's own SECRET_TOKEN is not in its base environment; LANG is.
+    assert seen == ["absent", "C.UTF-8"]
+
+
+async def test_an_attach_with_a_malformed_env_is_refused_and_the_daemon_stays(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = await daemon_factory({"fake": fake_server()})
+    async with daemon.raw() as client:
+        reply = await client.request(
+            "mcpool/attach", {"sources": [], "name": "bad", "env": {"A": ["not", "a", "str"]}}
+        )
+    assert reply["error"]["code"] == -32602, reply
+    async with daemon.attach([daemon.config_path], "after") as after:
+        await call_text(after, "fake__pid")
