@@ -48,7 +48,6 @@ from mcpool.pool import (
     read_some,
 )
 from mcpool.pool._environ import base_environment
-from mcpool.pool._spec import printable
 from mcpool.protocol import (
     ATTACH_FAILED,
     INVALID_PARAMS,
@@ -74,7 +73,7 @@ from mcpool.session import (
 )
 
 from . import _paths
-from ._expand import check_values, expand_entry, self_launch
+from ._expand import SelfLaunch, check_cwd, for_session, skip_message
 from ._log import JsonLinesLog, normalize_level
 from ._settings import (
     DaemonOptions,
@@ -217,16 +216,11 @@ class Daemon:
                 continue
             key = PolicyKey.from_settings(entry)
             try:
-                entry = expand_entry(name, entry, env, source, from_session=state.env is not None)
-                check_values(name, entry, source)
-                loop = self_launch(entry)
-                if loop is not None:
-                    # Expected in a project's .mcp.json (the client launches mcpool from it):
-                    # a warning, not an error.
-                    loops.add(name)
-                    raise SettingsError(loop, path=source, server=name, field="command")
+                entry = for_session(name, entry, env, source, from_session=state.env is not None)
             except SettingsError as exc:
-                skipped[name] = (source, f"{exc.message}: {exc.reason}")
+                skipped[name] = (source, skip_message(exc))
+                if isinstance(exc, SelfLaunch):
+                    loops.add(name)
                 continue
             if not self.options.pool:
                 # Troubleshooting switch: every session connects its own upstreams, and the
@@ -245,19 +239,9 @@ class Daemon:
                     session_roots=(session.cwd,) if session.cwd else (),
                     policy=None if self.options.pool else key.encoded(),
                 )
+                check_cwd(name, identity, source)
             except SettingsError as exc:
-                skipped[name] = (source, f"{exc.message}: {exc.reason}")
-                continue
-            if identity.cwd is not None and not os.path.isdir(identity.cwd):
-                # A typo must not run the server somewhere else ("." would then be "/").
-                missing = SettingsError(
-                    f"cwd {printable(identity.cwd)} does not exist (or is not a folder): "
-                    "the server is not started",
-                    path=source,
-                    server=name,
-                    field="cwd",
-                )
-                skipped[name] = (source, f"{missing.message}: {missing.reason}")
+                skipped[name] = (source, skip_message(exc))
                 continue
             desired[name] = Desired(name, entry, identity, key, source)
         for name, (source, error) in skipped.items():
@@ -1022,6 +1006,10 @@ class Daemon:
                 tail = list(e.upstream.stderr_tail) if e.upstream else e.stderr_history
                 # A server may echo its env or headers: never shown (X2).
                 found.extend(e.identity.redact(line) for line in tail)
+        for item in self._skipped_entries():
+            if item["server"] == name:  # refused before it had a process: say why
+                matched = True
+                found.append(f"[mcpool] {item['error']}")
         if not matched:
             raise McpoolError(
                 f"no server is named {name!r}",

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from mcpool.pool import ServerSettings
+from mcpool.pool import ServerSettings, TransportIdentity
 from mcpool.pool._spec import printable
 from mcpool.protocol import SettingsError
 
@@ -35,10 +35,46 @@ REFERENCE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^
 REFERENCED_NAME = re.compile(rb"\$\{([A-Za-z_][A-Za-z0-9_]*)(?=\}|:-)")
 
 
+class SelfLaunch(SettingsError):
+    """An entry that launches mcpool's own bridge: expected in a project's `.mcp.json` (the
+    client launches mcpool from it), so logged as a warning rather than an error."""
+
+
 class UnsetVariable(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+def for_session(
+    name: str, entry: ServerSettings, env: Mapping[str, str], source: str, *, from_session: bool
+) -> ServerSettings:
+    """What `entry` means for a session with `env`: expanded, its values checked, and refused
+    (SelfLaunch) when it launches mcpool itself. SettingsError names server, file and field."""
+    entry = expand_entry(name, entry, env, source, from_session=from_session)
+    check_values(name, entry, source)
+    loop = self_launch(entry)
+    if loop is not None:
+        raise SelfLaunch(loop, path=source, server=name, field="command")
+    return entry
+
+
+def check_cwd(name: str, identity: TransportIdentity, source: str) -> None:
+    """Refuse a stdio entry whose (resolved) cwd is not a folder: a typo must not run the
+    server somewhere else (a filesystem server given "." would then serve "/")."""
+    if identity.cwd is not None and not os.path.isdir(identity.cwd):
+        raise SettingsError(
+            f"cwd {printable(identity.cwd)} does not exist (or is not a folder): "
+            "the server is not started",
+            path=source,
+            server=name,
+            field="cwd",
+        )
+
+
+def skip_message(exc: SettingsError) -> str:
+    """How a skipped entry is shown: where (file, server, field), then why."""
+    return f"{exc.message}: {exc.reason}"
 
 
 def referenced_names(data: bytes) -> set[str]:
