@@ -218,3 +218,12 @@ def test_the_base_environment_is_an_allowlist() -> None:
     assert env["AWS_PROFILE"] == "dev"  # the entry's env is added
     assert env[UPSTREAM_MARKER] == "42"  # and no entry can unset the marker
     assert "GITHUB_TOKEN" not in env
+
+
+@pytest.mark.parametrize("client", ["claude-code", "vscode", "cursor", "claude-desktop"])
+def test_the_entry_setup_client_writes_is_a_self_launch(client: str) -> None:
+    from mcpool.daemon._setup import mcpool_command, server_entry
+
+    written = server_entry(client, mcpool_command())
+    fields = {k: v for k, v in written.items() if k in ("command", "args")}
+    assert self_launch(entry(**fields)) is not None
