@@ -118,7 +118,8 @@ def expand_entry(
             return expand_text(value, env)
         except UnsetVariable as exc:
             where = (
-                "the attaching session's environment"
+                "the attaching session's environment (its bridge sends the variables the "
+                "files referenced when it attached: a reference added since needs a new session)"
                 if from_session
                 else "the daemon's base environment (this session has no `mcpool attach`)"
             )
