@@ -63,8 +63,8 @@ CONNECT_RETRY_INTERVAL = 0.015
 # The daemon may wait for upstream discovery before it answers; MCP clients give a server 30-60 s
 # to start, so this catches only a wedged daemon, never a slow upstream.
 ATTACH_RESPONSE_TIMEOUT = 120.0
-# In every stdio upstream's environment (mcpool/pool/_environ.py UPSTREAM_MARKER): an attach that
-# sees it was started by the daemon itself.
+# In every stdio upstream's environment, with the daemon's pid (mcpool/pool/_environ.py): an
+# attach that sees it and reaches that same daemon was started by the daemon itself.
 UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
 # The attach response is a few hundred bytes; anything this long is not a response.
 MAX_RESPONSE_LINE = 1 << 20
@@ -146,13 +146,6 @@ def main(args: list[str]) -> int:
 
 
 def _run(opts: _Options) -> int:
-    nested = os.environ.get(UPSTREAM_MARKER)
-    if nested is not None:
-        raise AttachError(
-            f"refusing to run as an upstream of the mcpool daemon (pid {nested}): a settings "
-            "entry launches `mcpool attach` as a server, which would make the daemon its own "
-            "upstream; remove that entry (see `daemonctl status`)"
-        )
     sock_path = socket_path(opts.socket)
     if opts.settings:
         sources = [os.path.abspath(p) for p in opts.settings]
@@ -168,6 +161,7 @@ def _run(opts: _Options) -> int:
     name = opts.name or (cwd and (os.path.basename(cwd) or cwd)) or "attach"
     sock, started = connect_or_start(sock_path)
     try:
+        _refuse_own_daemon(sock)
         params: dict[str, object] = {
             "sources": sources,
             "cwd": cwd,
@@ -190,6 +184,24 @@ def _run(opts: _Options) -> int:
         return relay(sock, leftover, child=loser)
     finally:
         sock.close()
+
+
+def _refuse_own_daemon(sock: _socket.socket) -> None:
+    """A bridge started by the daemon itself (an entry that launches mcpool, however spelled:
+    its upstreams carry UPSTREAM_MARKER=<daemon pid>) must not attach to that daemon, which
+    would then be its own upstream, again and again. Another daemon (`mcpool demo`, another
+    socket) is fine. Checked before anything is sent, by the peer's pid (SO_PEERCRED)."""
+    nested = os.environ.get(UPSTREAM_MARKER)
+    if nested is None:
+        return
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    peer_pid = int.from_bytes(creds[:4], sys.byteorder, signed=True)
+    if str(peer_pid) == nested:
+        raise AttachError(
+            f"refusing to attach to the mcpool daemon (pid {nested}) from one of its own "
+            "upstreams: a settings entry launches `mcpool attach` as a server, which would make "
+            "the daemon its own upstream; remove that entry (see `daemonctl status`)"
+        )
 
 
 def referenced_environment(sources: list[str]) -> dict[str, str]:

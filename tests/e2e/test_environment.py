@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import trio
@@ -249,19 +248,31 @@ async def test_a_cwd_removed_after_the_settings_were_read_fails_the_spawn(
     assert len(spawns.read_text().split()) == 1  # the respawn did not run in another folder
 
 
-async def test_a_nested_attach_refuses_to_run(tmp_path: Path) -> None:
-    env = {**os.environ, UPSTREAM_MARKER: "4242"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mcpool", "attach", "--socket", str(tmp_path / "none.sock")],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=STEP_TIMEOUT,
-        check=False,
-    )
-    assert done.returncode == 1
-    assert b"refusing to run as an upstream of the mcpool daemon (pid 4242)" in done.stderr
-    assert not (tmp_path / "none.sock").exists()  # it started no daemon either
+async def test_an_attach_from_the_daemons_own_upstream_refuses_to_run(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = await daemon_factory()
+    argv = [sys.executable, "-m", "mcpool", "attach", "--socket", str(daemon.sock)]
+
+    async def attach_with_marker(value: str) -> subprocess.CompletedProcess[bytes]:
+        env = {**daemon.attach_env(), "PATH": os.environ["PATH"], UPSTREAM_MARKER: value}
+        with trio.fail_after(STEP_TIMEOUT):
+            return await trio.run_process(
+                argv, env=env, stdin=b"", capture_stdout=True, capture_stderr=True, check=False
+            )
+
+    own = await attach_with_marker(str(daemon.pid))
+    sessions_after_own = await daemon.ctl("sessions")
+    # A marker from another daemon (a bridge run by an upstream of `mcpool demo`'s private
+    # daemon, say) is no loop here: that attach goes ahead (and ends with its empty stdin).
+    other = await attach_with_marker(str(daemon.pid + 100_000))
+    assert own.returncode == 1, own
+    message = f"refusing to attach to the mcpool daemon (pid {daemon.pid})"
+    assert message.encode() in own.stderr, own.stderr
+    assert sessions_after_own == []
+    assert other.returncode == 0, other
+    log = daemon.log_path.read_text()
+    assert log.count("session attached") == 1  # only the second one ever attached
 
 
 async def test_entries_that_launch_mcpool_are_skipped_and_disguised_ones_refuse(
@@ -295,8 +306,8 @@ async def test_entries_that_launch_mcpool_are_skipped_and_disguised_ones_refuse(
     assert skipped["server"] == "mcpool" and skipped["file"] == str(settings)
     assert "launches mcpool itself" in skipped["error"]
     (nested,) = [s for s in servers if s["name"] == "disguised"]
-    assert "refusing to run as an upstream" in nested["last_error"]
-    assert "refusing to run as an upstream" in "\n".join(logs["lines"])
+    assert "refusing to attach to the mcpool daemon" in nested["last_error"]
+    assert "refusing to attach to the mcpool daemon" in "\n".join(logs["lines"])
     assert len(sessions) == 1, sessions  # the nested bridge never became a session
 
 
