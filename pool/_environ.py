@@ -56,9 +56,9 @@ BASE_NAMES = frozenset(
 # Locale categories (LC_ALL, LC_CTYPE...) and the XDG folders (XDG_RUNTIME_DIR, XDG_CONFIG_HOME...).
 BASE_PREFIXES = ("LC_", "XDG_")
 
-# Set in every stdio upstream's environment: a nested `mcpool attach` (an entry that launches
-# mcpool itself, however it is spelled) sees it and refuses to run, so the daemon never becomes
-# its own upstream. Its value is the daemon's pid. daemon/_attach.py spells the name itself
+# Set in every stdio upstream's environment, to the daemon's pid: a nested `mcpool attach` (an
+# entry that launches mcpool itself, however it is spelled) that reaches this same daemon sees
+# it and refuses, so the daemon never becomes its own upstream. daemon/_attach.py spells the name itself
 # (it imports nothing heavy); tests/daemon/test_expand.py checks that the two agree.
 UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
 
