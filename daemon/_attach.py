@@ -63,6 +63,9 @@ CONNECT_RETRY_INTERVAL = 0.015
 # The daemon may wait for upstream discovery before it answers; MCP clients give a server 30-60 s
 # to start, so this catches only a wedged daemon, never a slow upstream.
 ATTACH_RESPONSE_TIMEOUT = 120.0
+# In every stdio upstream's environment, with the daemon's pid (mcpool/pool/_environ.py): an
+# attach that sees it and reaches that same daemon was started by the daemon itself.
+UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
 # The attach response is a few hundred bytes; anything this long is not a response.
 MAX_RESPONSE_LINE = 1 << 20
 # Unwritten bytes at which a direction stops reading (backpressure instead of unbounded memory).
@@ -158,12 +161,16 @@ def _run(opts: _Options) -> int:
     name = opts.name or (cwd and (os.path.basename(cwd) or cwd)) or "attach"
     sock, started = connect_or_start(sock_path)
     try:
+        _refuse_own_daemon(sock)
         params: dict[str, object] = {
             "sources": sources,
             "cwd": cwd,
             "name": name,
             "clientPid": os.getppid(),
         }
+        env = referenced_environment(sources)
+        if env:
+            params["env"] = env
         handoff = _can_hand_off(0, 1)
         if handoff:
             params["handoff"] = True
@@ -177,6 +184,49 @@ def _run(opts: _Options) -> int:
         return relay(sock, leftover, child=loser)
     finally:
         sock.close()
+
+
+def _refuse_own_daemon(sock: _socket.socket) -> None:
+    """A bridge started by the daemon itself (an entry that launches mcpool, however spelled:
+    its upstreams carry UPSTREAM_MARKER=<daemon pid>) must not attach to that daemon, which
+    would then be its own upstream, again and again. Another daemon (`mcpool demo`, another
+    socket) is fine. Checked before anything is sent, by the peer's pid (SO_PEERCRED)."""
+    nested = os.environ.get(UPSTREAM_MARKER)
+    if nested is None:
+        return
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    peer_pid = int.from_bytes(creds[:4], sys.byteorder, signed=True)
+    if str(peer_pid) == nested:
+        raise AttachError(
+            f"refusing to attach to the mcpool daemon (pid {nested}) from one of its own "
+            "upstreams: a settings entry launches `mcpool attach` as a server, which would make "
+            "the daemon its own upstream; remove that entry (see `daemonctl status`)"
+        )
+
+
+def referenced_environment(sources: list[str]) -> dict[str, str]:
+    """This session's values of the variables its settings files reference (`${NAME}`): the
+    daemon expands the files' entries with them (daemon/_expand.py). One read and one regex
+    scan per file; variables that are not set are left out (the daemon then uses the default
+    or refuses the entry)."""
+    import re  # already loaded by json; the name binding is all this costs
+
+    names: set[bytes] = set()
+    for path in sources:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # missing or unreadable: the daemon reports it
+        if b"${" in data:
+            names.update(re.findall(rb"\$\{([A-Za-z_][A-Za-z0-9_]*)(?=\}|:-)", data))
+    env = {}
+    for raw in names:
+        name = raw.decode()
+        value = os.environ.get(name)
+        if value is not None:
+            env[name] = value
+    return env
 
 
 def _connect(path: Path) -> _socket.socket | None:

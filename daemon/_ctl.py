@@ -605,6 +605,18 @@ def _render_status(status: dict[str, Any]) -> None:
         for item in errors:
             table.add_row(_text(item.get("session")), _text(item.get("error")))
         _print(table)
+    skipped = status.get("skipped") or []
+    if skipped:
+        sys.stdout.write("\n")
+        table = _table("SKIPPED SERVER", "FILE", "WHY", "SESSIONS")
+        for item in skipped:
+            table.add_row(
+                _text(item.get("server")),
+                _text(item.get("file")),
+                _text(item.get("error")),
+                str(len(item.get("sessions") or [])),
+            )
+        _print(table)
     for note in status.get("notes") or []:
         _print(f"note: {_text(note)}")
 

@@ -47,6 +47,7 @@ from mcpool.pool import (
     identity_of,
     read_some,
 )
+from mcpool.pool._environ import base_environment
 from mcpool.protocol import (
     ATTACH_FAILED,
     INVALID_PARAMS,
@@ -72,6 +73,7 @@ from mcpool.session import (
 )
 
 from . import _paths
+from ._expand import SelfLaunch, check_cwd, for_session, skip_message
 from ._log import JsonLinesLog, normalize_level
 from ._settings import (
     DaemonOptions,
@@ -102,9 +104,17 @@ HANDOFF_FDS = 2
 class _SessionState:
     """Daemon-side facts about one session: its settings sources and runtime overrides."""
 
-    def __init__(self, session: Session, sources: list[str], via: str) -> None:
+    def __init__(
+        self, session: Session, sources: list[str], via: str, env: dict[str, str] | None = None
+    ) -> None:
         self.session = session
         self.sources = sources
+        # The values of the variables its settings reference, as its bridge sent them; None:
+        # no bridge (raw socket, HTTP), which expands from the daemon's base environment.
+        self.env = env
+        # Entries desired_for refused (unset variable, self-launch, bad value, missing cwd):
+        # name -> (file, error), for `daemonctl status` / `servers` and to log each once.
+        self.skipped: dict[str, tuple[str, str]] = {}
         # How the client reaches the session: "attach" (its stdio handed to the daemon),
         # "attach-relay" (through the bridge's relay), "socket" (a raw client) or "http".
         self.via = via
@@ -209,10 +219,20 @@ class Daemon:
             merged[name] = (entry, source)
         desired: dict[str, Desired] = {}
         session = state.session
+        env = state.env if state.env is not None else base_environment()
+        skipped: dict[str, tuple[str, str]] = {}
+        loops: set[str] = set()
         for name, (entry, source) in merged.items():
             if entry.disabled:
                 continue
             key = PolicyKey.from_settings(entry)
+            try:
+                entry = for_session(name, entry, env, source, from_session=state.env is not None)
+            except SettingsError as exc:
+                skipped[name] = (source, skip_message(exc))
+                if isinstance(exc, SelfLaunch):
+                    loops.add(name)
+                continue
             if not self.options.pool:
                 # Troubleshooting switch: every session connects its own upstreams, and the
                 # connected identity includes the policy key, so a policy change reconnects.
@@ -230,10 +250,16 @@ class Daemon:
                     session_roots=(session.cwd,) if session.cwd else (),
                     policy=None if self.options.pool else key.encoded(),
                 )
+                check_cwd(name, identity, source)
             except SettingsError as exc:
-                self.log("error", f"server '{name}' skipped: {exc.reason}", path=source)
+                skipped[name] = (source, skip_message(exc))
                 continue
             desired[name] = Desired(name, entry, identity, key, source)
+        for name, (source, error) in skipped.items():
+            if state.skipped.get(name) != (source, error):
+                level = "warning" if name in loops else "error"
+                self.log(level, f"server '{name}' skipped: {error}", path=source, server=name)
+        state.skipped = skipped
         return desired
 
     async def apply_to_session(self, state: _SessionState) -> list[tuple[str, str]]:
@@ -561,7 +587,9 @@ class Daemon:
                 cwd = params.get("cwd")
                 name = str(params.get("name") or "session")
                 handoff = params.get("handoff") is True and _usable_stdio(handed)
-            except (ValueError, msgspec.DecodeError) as exc:
+                # The values of the variables its settings reference (daemon/_expand.py).
+                env = msgspec.convert(params.get("env") or {}, dict[str, str])
+            except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
                 writer.write(
                     error_response(
                         request_id(first), INVALID_PARAMS, "Invalid attach", {"reason": str(exc)}
@@ -569,7 +597,7 @@ class Daemon:
                 )
                 return None
         else:
-            sources, cwd, name = [self.config_path], None, "socket"
+            sources, cwd, name, env = [self.config_path], None, "socket", None
         in_fd, out = fd, writer
         if handoff:
             in_fd, out_fd = handed
@@ -588,6 +616,7 @@ class Daemon:
             peer=peer_pid,
             cwd=cwd if isinstance(cwd, str) else None,
             via=via,
+            env=env,
         )
         if handoff:
             # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a
@@ -673,6 +702,7 @@ class Daemon:
         peer: Any,
         cwd: str | None = None,
         via: str = "socket",
+        env: dict[str, str] | None = None,
     ) -> _SessionState:
         """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
         assert self.pool is not None
@@ -686,7 +716,7 @@ class Daemon:
             log=lambda text: self.log("warning", text),
             attached_at=time.time(),
         )
-        state = _SessionState(session, sources, via)
+        state = _SessionState(session, sources, via, env)
         self.sessions[session.id] = state
         self.watcher.watch(self.watched_files())
         self.log("info", "session attached", session=session.id, name=name, peer=peer)
@@ -812,7 +842,19 @@ class Daemon:
                 if st.session.last_error
             ],
             "notes": self.notes,
+            "skipped": self._skipped_entries(),
         }
+
+    def _skipped_entries(self) -> list[dict[str, Any]]:
+        """Entries some session's settings hold but desired_for refused, with why."""
+        by_error: dict[tuple[str, str, str], list[str]] = {}
+        for sid, st in self.sessions.items():
+            for name, (source, error) in st.skipped.items():
+                by_error.setdefault((name, source, error), []).append(sid)
+        return [
+            {"server": name, "file": source, "error": error, "sessions": sids}
+            for (name, source, error), sids in sorted(by_error.items())
+        ]
 
     async def _admin_servers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.pool is not None
@@ -844,6 +886,18 @@ class Daemon:
                     "tools": len(e.snapshot.tools),
                     "in_flight": up.in_flight if up is not None else 0,
                     "transport_detail": e.identity.describe(),
+                }
+            )
+        for item in self._skipped_entries():
+            # Refused before a process existed: listed so `daemonctl servers` says why a
+            # server a session asked for is not running.
+            out.append(
+                {
+                    "name": item["server"],
+                    "state": "refused",
+                    "refs": item["sessions"],
+                    "last_error": item["error"],
+                    "source": item["file"],
                 }
             )
         return out
@@ -966,7 +1020,12 @@ class Daemon:
             if e.name == name:
                 matched = True
                 tail = list(e.upstream.stderr_tail) if e.upstream else e.stderr_history
-                found.extend(tail)
+                # A server may echo its env or headers: never shown (X2).
+                found.extend(e.identity.redact(line) for line in tail)
+        for item in self._skipped_entries():
+            if item["server"] == name:  # refused before it had a process: say why
+                matched = True
+                found.append(f"[mcpool] {item['error']}")
         if not matched:
             raise McpoolError(
                 f"no server is named {name!r}",

@@ -34,6 +34,8 @@ _TYPES = {"stdio": "stdio", "http": "http", "sse": "sse"}
 _TYPE_ALIASES = {"streamable-http": "http", "streamableHttp": "http", "streamable_http": "http"}
 
 _VAR = re.compile(r"\$\{(?P<name>[^}]+)\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
+# What the daemon expands (daemon/_expand.py REFERENCE): carried over as written.
+_EXPANDED = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::-[^}]*)?\}")
 
 
 class ImportFailed(Exception):
@@ -327,9 +329,11 @@ def _variable_notes(client: str, entry: dict[str, Any], project: Path | None) ->
             var = m.group(0)
             if var == "${workspaceFolder}" and client == "vscode" and project is not None:
                 continue
+            if _EXPANDED.fullmatch(var):
+                continue  # mcpool expands it from the session's environment, as the client did
             notes.append(
-                f"{where.lstrip('.')} uses {var}: mcpool does not expand variables, the text is "
-                "passed as written; replace it with the value"
+                f"{where.lstrip('.')} uses {var}: mcpool expands only ${{VAR}} and "
+                "${VAR:-default}, this text is passed as written; replace it with the value"
             )
     return notes
 

@@ -259,7 +259,7 @@ class HttpUpstream(Upstream):
                     await self._answer(resp, uid, sent_session, last)
         except Exception as exc:  # any failure of the connection or stream ends it
             if uid is None or not await self._resume(client, uid, last):
-                self._drop(f"lost its connection to {redact_url(url)} ({_describe(exc)})")
+                self._drop(f"lost its connection to {redact_url(url)} ({self._why(exc)})")
         finally:
             if uid is not None and self._post_scopes.get(uid) is scope:
                 del self._post_scopes[uid]
@@ -391,7 +391,7 @@ class HttpUpstream(Upstream):
                         return
                     last = await self._read_events(resp, related=None)
             except Exception as exc:  # any failure of the connection or stream ends it
-                self._drop(f"lost its connection to {redact_url(self.url)} ({_describe(exc)})")
+                self._drop(f"lost its connection to {redact_url(self.url)} ({self._why(exc)})")
                 return
             last_id = last.get("id", last_id)
             if isinstance(last.get("retry"), int):
@@ -440,10 +440,10 @@ class HttpUpstream(Upstream):
                 raise UpstreamUnavailable(
                     self.name,
                     f"server '{self.name}' could not be reached at {redact_url(self.url)}: "
-                    f"{_describe(exc)}",
+                    f"{self._why(exc)}",
                     url=redact_url(self.url),
                 ) from exc
-            reason = f"lost its connection to {redact_url(self.url)} ({_describe(exc)})"
+            reason = f"lost its connection to {redact_url(self.url)} ({self._why(exc)})"
         if not started:
             raise UpstreamUnavailable(
                 self.name,
@@ -484,8 +484,13 @@ class HttpUpstream(Upstream):
             return
         self._fail_one(uid, f"answered HTTP {status}")
 
+    def _why(self, exc: BaseException) -> str:
+        """An exception as text, without the identity's header values (h11 quotes them)."""
+        return self.identity.redact(_describe(exc))
+
     def _note(self, text: str) -> None:
-        self.stderr_tail.append(f"{NOTES} {text}")
+        # Transport errors may quote what was sent (h11 quotes a refused header value).
+        self.stderr_tail.append(f"{NOTES} {self.identity.redact(text)}")
 
     def _tail(self) -> list[str]:
         return list(self.stderr_tail)[-5:]

@@ -384,7 +384,8 @@ class Pool:
         ):
             failure = f"{upstream.closed_reason}"
         if failure is not None:
-            failure = _with_exit_details(failure, upstream)
+            # An error may quote a header or env value (h11: "Illegal header value b'...'").
+            failure = entry.identity.redact(_with_exit_details(failure, upstream))
         if entry.snapshot.available:
             entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
         return failure

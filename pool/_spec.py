@@ -10,6 +10,7 @@ tuples, never views onto the caller's mutable settings object.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -137,12 +138,21 @@ class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
             "transport": self.kind,
             "command": self.command,
             "args": list(self.args),
-            "env": sorted(k for k, _ in self.env),
+            "env": sorted(printable(k) for k, _ in self.env),
             "cwd": self.cwd,
             "url": redact_url(self.url) if self.url else None,
-            "headers": sorted(k for k, _ in self.headers),
+            "headers": sorted(printable(k) for k, _ in self.headers),
             "scope": self.scope,
         }
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values never to print: the entry's env and header values."""
+        return tuple(v for _, v in self.env) + tuple(v for _, v in self.headers)
+
+    def redact(self, text: str) -> str:
+        """`text` (an error, a log line) with this identity's env and header values hidden."""
+        return redact_values(text, self.secrets)
 
 
 _identity_encoder = msgspec.json.Encoder()
@@ -191,11 +201,55 @@ def identity_of(
 
 
 def redact_url(url: str) -> str:
-    """Drop credentials and the query string from a URL before showing it."""
+    """The URL to show: no credentials, no query string, no fragment, control characters
+    escaped. Total: a URL no parser accepts (port 99999, a broken IPv6 literal) is still shown,
+    cut by hand at the same places, never raised on (a display must not fail on a typo)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    # Escaped first: urlsplit silently drops newlines and tabs, and the display should show
+    # what was written.
+    url = printable(url)
+    try:
+        parts = urlsplit(url)
+        shown = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    except ValueError:
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            scheme, rest = "", url
+        rest = rest.split("?", 1)[0].split("#", 1)[0]
+        authority, slash, path = rest.partition("/")
+        authority = authority.rpartition("@")[2]
+        shown = f"{scheme}{sep}{authority}{slash}{path}"
+    return shown
+
+
+def printable(text: str) -> str:
+    """`text` on one line: control characters (newlines included) shown escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+REDACTED = "<redacted>"
+# Shorter values are not secrets (flags, levels, "1") and hiding them would garble every line
+# that happens to contain them.
+MIN_REDACTED_CHARS = 4
+
+
+def redact_values(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` with every secret value hidden, in the forms an error message quotes it: as is,
+    stripped, and as a Python repr of its str or bytes (h11 says `Illegal header value
+    b'Bearer x\\n'`)."""
+    for secret in secrets:
+        for form in _quoted_forms(secret):
+            if len(form) >= MIN_REDACTED_CHARS and form in text:
+                text = text.replace(form, REDACTED)
+    return text
+
+
+def _quoted_forms(secret: str) -> list[str]:
+    forms = {secret, secret.strip(), repr(secret)[1:-1]}
+    with contextlib.suppress(UnicodeEncodeError):
+        forms.add(repr(secret.encode())[2:-1])
+        forms.add(repr(secret.strip().encode())[2:-1])
+    return sorted(forms, key=len, reverse=True)

@@ -60,8 +60,9 @@ from mcpool.protocol import (
 )
 
 from . import _eras
+from ._environ import upstream_environment
 from ._fdio import FdWriter, WriterClosed, read_some
-from ._spec import TransportIdentity
+from ._spec import TransportIdentity, printable
 
 STDERR_LINES = 500  # what `daemonctl logs NAME` can show of one upstream
 STDERR_TAIL_IN_ERRORS = 5  # stderr lines quoted in an UpstreamClosed error's data
@@ -595,8 +596,15 @@ class StdioUpstream(Upstream):
     ) -> None:
         ident = self.identity
         assert ident.command is not None
-        env = dict(os.environ)
-        env.update(dict(ident.env))
+        env = upstream_environment(ident.env)
+        if ident.cwd is not None and _missing_dir(ident.cwd):
+            # Never somewhere else: a server given "." would serve whatever folder it ran in.
+            raise UpstreamUnavailable(
+                self.name,
+                f"server '{self.name}' not started: its cwd {printable(ident.cwd)} "
+                "does not exist (or is not a folder)",
+                cwd=ident.cwd,
+            )
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -607,15 +615,16 @@ class StdioUpstream(Upstream):
                 stdout=out_w,
                 stderr=err_w,
                 env=env,
-                cwd=_usable_dir(ident.cwd),
+                cwd=ident.cwd,
                 start_new_session=True,
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
             for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise UpstreamUnavailable(
                 self.name,
-                f"server '{self.name}' could not be started: {exc.strerror or exc}",
+                f"server '{self.name}' could not be started: "
+                f"{ident.redact(str(getattr(exc, 'strerror', None) or exc))}",
                 command=ident.command,
             ) from exc
         for fd in (in_r, out_w, err_w):
@@ -730,9 +739,9 @@ def _client_info() -> dict[str, Any]:
     return {"name": "mcpool", "version": __version__}
 
 
-def _usable_dir(path: str | None) -> str | None:
-    """The server's folder if it exists (one stat; a missing one must not fail the spawn)."""
-    return path if path and os.path.isdir(path) else None
+def _missing_dir(path: str) -> bool:
+    """Whether a server's cwd is not a folder (one stat, as the spawn itself would do)."""
+    return not os.path.isdir(path)
 
 
 def _killpg(pgid: int, sig: int) -> None:

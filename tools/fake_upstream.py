@@ -80,7 +80,8 @@ BUILTIN_TOOLS: tuple[Json, ...] = (
     },
     {
         "name": "env",
-        "description": "Return the value of an environment variable, or an empty string.",
+        "description": "Return the value of an environment variable, or an empty string; "
+        '"*" gives the whole environment as a JSON object.',
         "inputSchema": _schema({"name": {"type": "string"}}, ("name",)),
     },
     {
@@ -353,6 +354,8 @@ class FakeServer:
         if name == "echo":
             return _text(str(args.get("text", "")))
         if name == "env":
+            if args.get("name") == "*":  # the whole environment, as a JSON object
+                return _text(json.dumps(dict(os.environ)))
             return _text(self.env.get(str(args.get("name", "")), ""))
         if name == "sleep":
             cancelled.wait(float(args.get("seconds", 0)))

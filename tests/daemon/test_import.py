@@ -40,7 +40,9 @@ def test_claude_code_project_file() -> None:
         },
     }
     assert "mcpool: skipped, it is mcpool itself" in notes
-    assert any(n.startswith("github: headers.Authorization uses ${GITHUB_TOKEN}") for n in notes)
+    # ${GITHUB_TOKEN} is carried over as written: the daemon expands it from the session's
+    # environment, as Claude Code did.
+    assert not any("GITHUB_TOKEN" in n for n in notes), notes
 
 
 def test_claude_code_user_file_skips_project_scoped_servers() -> None:
@@ -298,3 +300,22 @@ def test_import_backup_and_config_are_0600_whatever_the_umask(tmp_path: Path) ->
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     # Written atomically: no temporary file left next to it.
     assert sorted(p.name for p in config.parent.iterdir()) == ["config.json", "config.json.bak"]
+
+
+def test_variables_the_daemon_expands_are_carried_over_without_a_note(tmp_path: Path) -> None:
+    doc = {
+        "mcpServers": {
+            "api": {
+                "command": "${HOME}/bin/api-server",
+                "args": ["--region", "${AWS_REGION:-eu-west-1}"],
+                "env": {"TOKEN": "${API_TOKEN}", "OTHER": "$BARE"},
+            }
+        }
+    }
+    servers, notes = convert("claude-desktop", doc, tmp_path / "claude_desktop_config.json")
+    assert servers["api"] == doc["mcpServers"]["api"]
+    # Only the form mcpool does not expand is worth a note.
+    assert notes == [
+        "api: env.OTHER uses $BARE: mcpool expands only ${VAR} and ${VAR:-default}, this text is "
+        "passed as written; replace it with the value"
+    ]

@@ -276,3 +276,33 @@ class Listener:
 
     def server_request(self, entry: PoolEntry, upstream: object, msg: object) -> str | None:
         return "no"
+
+
+async def test_a_refused_header_value_never_reaches_errors_or_the_log(
+    nursery: trio.Nursery,
+) -> None:
+    """Defence behind the settings check (daemon/_expand.py refuses such a value): the real
+    HTTP client against a real socket refuses the header and quotes it; nothing mcpool keeps
+    or shows repeats it."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def hold(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+
+    nursery.start_soon(trio.serve_listeners, hold, listeners)
+    secret = "Bearer s3cr3t-in-a-header\n"
+    entry = ServerSettings(
+        type="http", url=f"http://127.0.0.1:{port}/mcp", headers={"Authorization": secret}
+    )
+    pool = Pool(nursery, PoolOptions(backoff_initial=10, backoff_max=10))
+    ident = identity_of("web", entry)
+    with trio.fail_after(WAIT):
+        handle = await pool.acquire(ident, entry, "s1", Listener())
+        while handle.entry.last_error is None:
+            await handle.entry.state_changed.wait()
+    shown = [handle.entry.last_error, *handle.entry.stderr_history]
+    assert "Illegal header value" in "\n".join(shown)  # the real client did refuse it
+    assert not any("s3cr3t" in line for line in shown), shown
+    pool.release(handle)
+    await pool.aclose()

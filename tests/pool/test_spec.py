@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from fakes import stdio
 
-from mcpool.pool import ServerSettings, identity_of, transport_kind
+from mcpool.pool import ServerSettings, identity_of, redact_url, transport_kind
 from mcpool.protocol import SettingsError
 
 
@@ -163,3 +163,40 @@ def test_captured_settings_and_identities_are_shared_while_held_and_forgotten_af
     gc.collect()
     # A daemon that has seen a thousand projects keeps only what is still attached.
     assert held() == (False, False)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://127.0.0.1:99999/mcp", "http://127.0.0.1:99999/mcp"),
+        ("http://[::1/mcp?token=SECRET", "http://[::1/mcp"),
+        ("http://user:SECRET@[fe80::1%eth0:bad/mcp?k=SECRET#SECRET", "http://[fe80::1%eth0:bad/mcp"),
+        ("https://user:SECRET@example.com:8443/mcp?token=SECRET", "https://example.com:8443/mcp"),
+        ("http://[::1]:8080/mcp", "http://[::1]:8080/mcp"),
+        ("http://h/mcp\nX-Injected: 1", "http://h/mcp\\nX-Injected: 1"),
+        ("not a url at all ?SECRET", "not a url at all "),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_redact_url_is_total(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_describe_of_an_invalid_url_does_not_raise() -> None:
+    settings = msgspec.convert({"httpUrl": "http://127.0.0.1:99999/mcp"}, ServerSettings)
+    assert identity_of("h", settings).describe()["url"] == "http://127.0.0.1:99999/mcp"
+
+
+def test_identity_redacts_its_env_and_header_values_in_any_quoted_form() -> None:
+    settings = msgspec.convert(
+        {"httpUrl": "https://x/mcp", "headers": {"Authorization": "Bearer s3cr3t-t0ken\n"}},
+        ServerSettings,
+    )
+    ident = identity_of("h", settings)
+    h11 = "LocalProtocolError: Illegal header value b'Bearer s3cr3t-t0ken\\n'"
+    assert "s3cr3t" not in ident.redact(h11)
+    assert "s3cr3t" not in ident.redact("sent Bearer s3cr3t-t0ken\nthen")
+    stdio_ident = identity_of("s", stdio(env={"API_KEY": "k€y-SECRET", "LEVEL": "1"}))
+    assert stdio_ident.redact("key k€y-SECRET, 'k\\xe2\\x82\\xacy-SECRET', exit 1") == (
+        "key <redacted>, '<redacted>', exit 1"  # short values ("1") are not secrets
+    )
