@@ -10,6 +10,24 @@ MCP client). Session connections are relayed with direct fd I/O (`mcpool.pool._f
 Settings changes go through one reload gate (S7): a reload re-reads every settings file and
 reconciles the affected sessions one by one; each session also has its own lock so an attach's
 first reconciliation and a reload never interleave for one session.
+
+Shared tasks and their fences (README "Shared tasks and their fences"); no peer's input may
+raise in one of these:
+- accept loop: each connection runs under `_serve_fenced` (its error ends it, logged with its
+  traceback); a write to a peer that hung up (refusal, attach answer, admin answer) ends that
+  connection only (`WriterClosed` is caught where the write is); kernel accept errors retry.
+- pool supervisors and upstream readers (pool nursery): an upstream's failure is its entry's.
+- settings watcher and SIGHUP: a bad file keeps its previous generation and reports the error;
+  a reload's own error is logged with its traceback (`_reload_fenced`), and watching goes on.
+- bridge-socket watcher (`_BridgeSockets`): a bridge's end closes its own session only.
+- notifier / fan-out: a change only marks sessions; a session whose write fails (it stopped
+  reading, or left) is closed, alone (`Session.send`).
+- HTTP endpoint (daemon/_http.py): each request fenced (500), broken HTTP a 400, each HTTP
+  session's tasks fenced.
+- admin API (`_admin_request`): params typed first (daemon/_admin.py); a handler's unexpected
+  error is an internal error to its caller, logged with its traceback.
+What still escapes reaches `run`, which logs it with its traceback (log and stderr) and exits
+EXIT_FAILED; a requested stop exits EXIT_STOPPED (README "Exit status").
 """
 
 from __future__ import annotations
@@ -311,7 +329,19 @@ class Daemon:
     async def files_changed(self, paths: set[str]) -> None:
         """The watcher saw these files change (atomic replace or in-place write)."""
         self.log("info", "settings files changed", paths=sorted(paths))
-        await self.reload(paths)
+        await self._reload_fenced("the settings watcher", paths)
+
+    async def _reload_fenced(self, trigger: str, only: set[str] | None = None) -> None:
+        """A reload run by a shared task (the watcher, SIGHUP): whatever fails in it is logged
+        with its traceback, and the task goes on watching."""
+        try:
+            await self.reload(only)
+        except Exception as exc:
+            self.log(
+                "error",
+                f"reload by {trigger} failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
 
     # -- the process ---------------------------------------------------------------------------
 
@@ -414,7 +444,7 @@ class Daemon:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     self.log("info", "SIGHUP: reloading settings")
-                    await self.reload()
+                    await self._reload_fenced("SIGHUP")
                 else:
                     self.log("info", f"received {signal.Signals(signum).name}")
                     self.request_stop()
@@ -427,6 +457,8 @@ class Daemon:
                 except trio.ClosedResourceError:
                     return  # shutdown closed the listener
                 except OSError as exc:
+                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                        continue  # that peer left while it was being accepted
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         self.log("error", f"accept failed: {exc}")
                         await trio.sleep(0.1)
