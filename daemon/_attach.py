@@ -145,7 +145,26 @@ def main(args: list[str]) -> int:
         return exc.status
 
 
+def _reserve_stdio() -> None:
+    """Put /dev/null on whichever of fds 0, 1 and 2 is closed.
+
+    A client may start us with stdin (or stdout) already closed. Left closed, the socket we
+    open next would take that number, and the bridge would then read its own connection as the
+    client's input: it hung, and its session stayed. With /dev/null there, a closed stdin reads
+    as end of input at once, which ends the session as a client closing stdin does (exit 0).
+    """
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, flags)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def _run(opts: _Options) -> int:
+    _reserve_stdio()
     sock_path = socket_path(opts.socket)
     if opts.settings:
         sources = [os.path.abspath(p) for p in opts.settings]

@@ -43,6 +43,9 @@ FOLLOW_INTERVAL = 1.0
 FOLLOW_WINDOW = 1000
 # An admin answer is at most a few hundred KiB (tools of every session); more is a broken peer.
 MAX_LINE = 64 << 20
+# The most lines `logs -n` may ask for: the daemon's own bound (daemon/_admin.py LOG_LINES_MAX),
+# repeated so that daemonctl does not import the daemon's modules; a test keeps them equal.
+MAX_LOG_LINES = 100_000
 
 
 class NoDaemonError(Exception):
@@ -121,10 +124,10 @@ def _describe_error(error: Any) -> str:
 # --- arguments ---------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
+def _line_count(text: str) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if not 1 <= value <= MAX_LOG_LINES:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_LOG_LINES}")
     return value
 
 
@@ -169,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     add("reload", "re-read the settings files now")
     logs = add("logs", "the daemon's log, or one server's stderr")
     logs.add_argument("name", metavar="NAME", nargs="?")
-    logs.add_argument("-n", "--lines", type=_positive_int, default=50, metavar="N")
+    logs.add_argument("-n", "--lines", type=_line_count, default=50, metavar="N")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     add("stop", "stop the daemon and wait until it is gone")
     session = add("session", "change one session")

@@ -10,6 +10,24 @@ MCP client). Session connections are relayed with direct fd I/O (`mcpool.pool._f
 Settings changes go through one reload gate (S7): a reload re-reads every settings file and
 reconciles the affected sessions one by one; each session also has its own lock so an attach's
 first reconciliation and a reload never interleave for one session.
+
+Shared tasks and their fences (README "Shared tasks and their fences"); no peer's input may
+raise in one of these:
+- accept loop: each connection runs under `_serve_fenced` (its error ends it, logged with its
+  traceback); a write to a peer that hung up (refusal, attach answer, admin answer) ends that
+  connection only (`WriterClosed` is caught where the write is); kernel accept errors retry.
+- pool supervisors and upstream readers (pool nursery): an upstream's failure is its entry's.
+- settings watcher and SIGHUP: a bad file keeps its previous generation and reports the error;
+  a reload's own error is logged with its traceback (`_reload_fenced`), and watching goes on.
+- bridge-socket watcher (`_BridgeSockets`): a bridge's end closes its own session only.
+- notifier / fan-out: a change only marks sessions; a session whose write fails (it stopped
+  reading, or left) is closed, alone (`Session.send`).
+- HTTP endpoint (daemon/_http.py): each request fenced (500), broken HTTP a 400, each HTTP
+  session's tasks fenced.
+- admin API (`_admin_request`): params typed first (daemon/_admin.py); a handler's unexpected
+  error is an internal error to its caller, logged with its traceback.
+What still escapes reaches `run`, which logs it with its traceback (log and stderr) and exits
+EXIT_FAILED; a requested stop exits EXIT_STOPPED (README "Exit status").
 """
 
 from __future__ import annotations
@@ -28,6 +46,7 @@ import stat
 import struct
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +69,12 @@ from mcpool.pool import (
 from mcpool.pool._environ import base_environment
 from mcpool.protocol import (
     ATTACH_FAILED,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     LineFramer,
     McpoolError,
     Message,
     MessageTooLarge,
-    MethodNotFound,
     SettingsError,
     decode,
     error_response,
@@ -72,7 +91,7 @@ from mcpool.session import (
     request_id,
 )
 
-from . import _paths
+from . import _admin, _paths
 from ._expand import SelfLaunch, check_cwd, for_session, skip_message
 from ._log import JsonLinesLog, normalize_level
 from ._settings import (
@@ -99,6 +118,11 @@ HANDOFF_DRAIN_BOUND = 1.0
 # fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
 # is seen (MSG_CTRUNC) rather than silently cut.
 HANDOFF_FDS = 2
+
+# The daemon's exit status (README "Exit status"): systemd's `Restart=on-failure` restarts
+# anything but 0.
+EXIT_STOPPED = 0  # a requested stop (SIGTERM, SIGINT, `daemonctl stop`), or another daemon serves
+EXIT_FAILED = 1  # an unexpected error (logged with its traceback), or a failure that stopped it
 
 
 class _SessionState:
@@ -134,6 +158,11 @@ class Daemon:
         self.settings_generation = 0
         self.reload_gate = trio.Lock()
         self.stop_requested = trio.Event()
+        self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
+        self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
+        self.admin_commands = dict(_admin.COMMANDS)
+        if os.environ.get(_admin.TEST_HOOKS_ENV) == "1":
+            self.admin_commands.update(_admin.TEST_COMMANDS)
         self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
         self.notes: list[str] = []
         self._cli_log_level = log_level
@@ -337,7 +366,19 @@ class Daemon:
     async def files_changed(self, paths: set[str]) -> None:
         """The watcher saw these files change (atomic replace or in-place write)."""
         self.log("info", "settings files changed", paths=sorted(paths))
-        await self.reload(paths)
+        await self._reload_fenced("the settings watcher", paths)
+
+    async def _reload_fenced(self, trigger: str, only: set[str] | None = None) -> None:
+        """A reload run by a shared task (the watcher, SIGHUP): whatever fails in it is logged
+        with its traceback, and the task goes on watching."""
+        try:
+            await self.reload(only)
+        except Exception as exc:
+            self.log(
+                "error",
+                f"reload by {trigger} failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
 
     # -- the process ---------------------------------------------------------------------------
 
@@ -351,16 +392,19 @@ class Daemon:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         self.guardian = Guardian()
-        listener = self._listen()
-        self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
         try:
             async with trio.open_nursery() as pool_nursery:
                 self.pool = Pool(
                     pool_nursery, self._pool_options(), guardian=self.guardian, log=self.log
                 )
                 async with trio.open_nursery() as conn_nursery:
+                    self._shared_nursery = conn_nursery
+                    # Signals first: once the socket answers, SIGTERM or SIGINT is a stop (exit 0),
+                    # never the default death or a KeyboardInterrupt in whichever task runs.
+                    await conn_nursery.start(self._watch_signals)
+                    listener = self._listen()
+                    self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
                     conn_nursery.start_soon(self._accept_loop, listener)
-                    conn_nursery.start_soon(self._watch_signals)
                     conn_nursery.start_soon(self.bridges.run)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
@@ -382,14 +426,36 @@ class Daemon:
                         with trio.move_on_after(KILL_REAP_BOUND, shield=True):
                             await self.pool.aclose()
                 pool_nursery.cancel_scope.cancel()
+        except Exception as exc:  # a bug in a task every session depends on: say it, exit 1
+            self._failed(exc)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(self.sock_path)
             if self.guardian is not None:
                 self.guardian.close()
             self.bridges.close()
-            self.log("info", "daemon stopped")
-        return 0
+            self.log("info", "daemon stopped", exit_status=self.exit_status)
+        return self.exit_status
+
+    def request_stop(self, status: int = EXIT_STOPPED) -> None:
+        """Begin the bounded shutdown; the first reason given is the exit status."""
+        if not self.stop_requested.is_set():
+            self.exit_status = status
+            self.stop_requested.set()
+
+    def _failed(self, exc: BaseException) -> None:
+        """An unexpected error ended the daemon: its traceback goes to the daemon log and to
+        stderr (systemd's journal), and the exit status says it failed."""
+        self.exit_status = EXIT_FAILED
+        text = "".join(traceback.format_exception(exc))
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]
+        summary = f"{type(leaf).__name__}: {leaf}"
+        self.log("error", f"daemon failed: {summary}", traceback=text)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"mcpool daemon: failed: {summary}\n{text}")
+            sys.stderr.flush()
 
     def _listen(self) -> trio.socket.SocketType:
         sock_dir = os.path.dirname(self.sock_path)
@@ -407,15 +473,18 @@ class Daemon:
         raw.listen(LISTEN_BACKLOG)
         return trio.socket.from_stdlib_socket(raw)
 
-    async def _watch_signals(self) -> None:
+    async def _watch_signals(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            task_status.started()
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     self.log("info", "SIGHUP: reloading settings")
-                    await self.reload()
+                    await self._reload_fenced("SIGHUP")
                 else:
                     self.log("info", f"received {signal.Signals(signum).name}")
-                    self.stop_requested.set()
+                    self.request_stop()
 
     async def _accept_loop(self, listener: trio.socket.SocketType) -> None:
         async with trio.open_nursery() as nursery:
@@ -425,12 +494,26 @@ class Daemon:
                 except trio.ClosedResourceError:
                     return  # shutdown closed the listener
                 except OSError as exc:
+                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                        continue  # that peer left while it was being accepted
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         self.log("error", f"accept failed: {exc}")
                         await trio.sleep(0.1)
                         continue
                     raise
-                nursery.start_soon(self._serve_connection, conn)
+                nursery.start_soon(self._serve_fenced, conn)
+
+    async def _serve_fenced(self, tsock: trio.socket.SocketType) -> None:
+        """One connection's task: whatever goes wrong in it ends that connection only (logged
+        with its traceback), never the accept loop every later connection needs."""
+        try:
+            await self._serve_connection(tsock)
+        except Exception as exc:
+            self.log(
+                "error",
+                f"a connection failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
 
     async def _serve_connection(self, tsock: trio.socket.SocketType) -> None:
         fd = tsock.detach()
@@ -526,6 +609,8 @@ class Daemon:
                 while lines and first is None:
                     line = lines.pop(0)
                     decoded = self._decode_or_refuse(line, writer)
+                    if writer.closed:
+                        return None, []  # refused, and the peer did not stay to read why
                     if decoded is None:
                         continue
                     if isinstance(decoded, list):
@@ -549,11 +634,13 @@ class Daemon:
         self._linger.add(fd)
 
     def _decode_or_refuse(self, line: bytes, writer: FdWriter) -> Message | list[Message] | None:
-        """A line's message (or batch); None when it is not one, after answering the error."""
+        """A line's message (or batch); None when it is not one, after answering the error (a
+        peer that went away before reading it leaves `writer.closed` set: its connection ends)."""
         try:
             return decode(line)
         except McpoolError as exc:
-            writer.write(self._error_line(None, exc))
+            with contextlib.suppress(WriterClosed):
+                writer.write(self._error_line(None, exc))
             return None
 
     @staticmethod
@@ -589,12 +676,16 @@ class Daemon:
                 handoff = params.get("handoff") is True and _usable_stdio(handed)
                 # The values of the variables its settings reference (daemon/_expand.py).
                 env = msgspec.convert(params.get("env") or {}, dict[str, str])
-            except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-                writer.write(
-                    error_response(
-                        request_id(first), INVALID_PARAMS, "Invalid attach", {"reason": str(exc)}
+            except (ValueError, TypeError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                with contextlib.suppress(WriterClosed):  # a caller that left needs no answer
+                    writer.write(
+                        error_response(
+                            request_id(first),
+                            INVALID_PARAMS,
+                            "Invalid attach",
+                            {"reason": str(exc)},
+                        )
                     )
-                )
                 return None
         else:
             sources, cwd, name, env = [self.config_path], None, "socket", None
@@ -623,7 +714,12 @@ class Daemon:
             # handed-off session holds no task beyond a socket session's.
             self.bridges.add(fd, state.session)
         if attaching:
-            writer.write(response(request_id(first), self._attach_result(state, handoff)))
+            try:
+                writer.write(response(request_id(first), self._attach_result(state, handoff)))
+            except WriterClosed:
+                # The bridge went away before its answer: the session ends through the usual
+                # path (its run sees it closed), releasing whatever it took.
+                state.session.close("the attach bridge went away before its attach answer")
         return state, in_fd, out
 
     def _end_handoff(
@@ -753,22 +849,28 @@ class Daemon:
         except OSError as exc:
             self.log("error", f"HTTP endpoint not started on {host}:{port}: {exc}")
             sys.stderr.write(f"mcpool daemon: cannot serve HTTP on {host}:{port}: {exc}\n")
-            self.stop_requested.set()
+            self.request_stop(EXIT_FAILED)  # asked for and not served: a failure, not a stop
 
     # -- admin ---------------------------------------------------------------------------------
 
     async def _serve_admin(
         self, fd: int, writer: FdWriter, framer: LineFramer, first: Message, pending: list[bytes]
     ) -> None:
-        await self._admin_request(writer, first)
+        """Answer admin requests in order until the caller closes, or goes away before it reads
+        an answer: either ends this connection only."""
+        if not await self._admin_request(writer, first):
+            return
         queue = list(pending)
         while not self.stop_requested.is_set() or queue:
             while queue:
                 decoded = self._decode_or_refuse(queue.pop(0), writer)
+                if writer.closed:
+                    return
                 if decoded is None:
                     continue
                 for msg in decoded if isinstance(decoded, list) else [decoded]:
-                    await self._admin_request(writer, msg)
+                    if not await self._admin_request(writer, msg):
+                        return
             data = await read_some(fd)
             if not data:
                 return
@@ -778,25 +880,46 @@ class Daemon:
                 await self._fail_and_close(fd, writer, exc)
                 return
 
-    async def _admin_request(self, writer: FdWriter, msg: Message) -> None:
-        method = msg.method if isinstance(msg.method, str) else ""
-        command = method.removeprefix("mcpool/admin/")
-        handler = getattr(self, f"_admin_{command.replace('-', '_')}", None)
-        try:
-            params = msgspec.json.decode(msg.params) if msg.params is not UNSET else {}
-            if handler is None or not method.startswith("mcpool/admin/"):
-                raise MethodNotFound(method, f"no admin command {command!r}")
-            result = await handler(params if isinstance(params, dict) else {})
-        except McpoolError as exc:
-            if msg.id is not UNSET:
-                writer.write(self._error_line(msg.id, exc))
-            return
-        if isinstance(msg.id, int | str):
-            writer.write(response(msg.id, result))
+    async def _admin_request(self, writer: FdWriter, msg: Message) -> bool:
+        """Run one admin command and answer it; False when its caller has gone.
 
-    async def _admin_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        The fence of the admin API: params are typed before the handler runs (daemon/_admin.py);
+        an error a handler raises on purpose is its JSON-RPC error, and anything else is an
+        internal error to this caller, logged with its traceback, never an exception in the
+        connection's task.
+        """
+        method = msg.method if isinstance(msg.method, str) else ""
+        try:
+            command = _admin.lookup(method, self.admin_commands)
+            params = _admin.decode_params(command, msg.params)
+            result = await getattr(self, f"_admin_{command.handler}")(params)
+            answer = response(msg.id, result) if isinstance(msg.id, int | str) else None
+        except McpoolError as exc:
+            answer = self._error_line(msg.id, exc) if msg.id is not UNSET else None
+        except Exception as exc:
+            self.log(
+                "error",
+                f"admin {method} failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+            reason = f"{method} failed: {type(exc).__name__}: {exc} (the daemon log has more)"
+            answer = (
+                error_response(msg.id, INTERNAL_ERROR, "Internal error", {"reason": reason})
+                if msg.id is not UNSET
+                else None
+            )
+        if answer is None:
+            return True
+        try:
+            writer.write(answer)
+        except WriterClosed as exc:
+            self.log("info", f"admin caller of {method} went away before its answer: {exc}")
+            return False
+        return True
+
+    async def _admin_status(self, params: _admin.StatusParams) -> dict[str, Any]:
         assert self.pool is not None
-        if params.get("collect") is True:
+        if params.collect:
             # A leak hunt wants live objects only: garbage waiting for a (rarer, see run) gen-0
             # pass would read as growth.
             gc.collect()
@@ -856,7 +979,7 @@ class Daemon:
             for (name, source, error), sids in sorted(by_error.items())
         ]
 
-    async def _admin_servers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _admin_servers(self, params: _admin.NoParams) -> list[dict[str, Any]]:
         assert self.pool is not None
         out = []
         now = trio.current_time()
@@ -902,7 +1025,7 @@ class Daemon:
             )
         return out
 
-    async def _admin_sessions(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _admin_sessions(self, params: _admin.NoParams) -> list[dict[str, Any]]:
         out = []
         for sid, st in self.sessions.items():
             s = st.session
@@ -936,9 +1059,9 @@ class Daemon:
             )
         return out
 
-    def _session_state(self, params: dict[str, Any]) -> _SessionState:
-        sid = params.get("session")
-        st = self.sessions.get(str(sid))
+    def _session_state(self, sid: str) -> _SessionState:
+        """A session by id, else by name."""
+        st = self.sessions.get(sid)
         if st is None:
             for cand in self.sessions.values():
                 if cand.session.name == sid:
@@ -950,9 +1073,9 @@ class Daemon:
             )
         return st
 
-    async def _admin_tools(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        st = self._session_state(params)
-        server = params.get("server")
+    async def _admin_tools(self, params: _admin.ToolsParams) -> list[dict[str, Any]]:
+        st = self._session_state(params.session)
+        server = params.server
         gen = st.session.registry
         return [
             {
@@ -967,16 +1090,27 @@ class Daemon:
             if not server or route.view.name == server
         ]
 
-    async def _admin_stop(self, params: dict[str, Any]) -> dict[str, Any]:
-        self.stop_requested.set()
+    async def _admin_stop(self, params: _admin.NoParams) -> dict[str, Any]:
+        self.request_stop()
         return {"pid": self.pid}
 
-    async def _admin_reload(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _admin_testCrash(self, params: _admin.NoParams) -> dict[str, Any]:
+        """MCPOOL_TEST_HOOKS=1 only: an unexpected error in the daemon's own nursery (where the
+        accept loop runs), as a bug in a shared task would raise one; answered first."""
+        assert self._shared_nursery is not None
+        self._shared_nursery.start_soon(_forced_failure)
+        return {"pid": self.pid}
+
+    async def _admin_testFail(self, params: _admin.NoParams) -> dict[str, Any]:
+        """MCPOOL_TEST_HOOKS=1 only: a handler's unexpected error (a bug behind one command)."""
+        raise RuntimeError("forced by the test hook mcpool/admin/testFail")
+
+    async def _admin_reload(self, params: _admin.NoParams) -> dict[str, Any]:
         return {"files": await self.reload()}
 
-    async def _admin_restart(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _admin_restart(self, params: _admin.RestartParams) -> dict[str, Any]:
         assert self.pool is not None
-        name = str(params.get("name"))
+        name = params.name
         before = {id(e): e.upstream for e in self.pool.entries() if e.name == name}
         waits = {id(e): e.state_changed for e in self.pool.entries() if e.name == name}
         entries = self.pool.restart(name)
@@ -1008,12 +1142,11 @@ class Daemon:
             )
         return {"entries": results}
 
-    async def _admin_logs(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _admin_logs(self, params: _admin.LogsParams) -> dict[str, Any]:
         assert self.pool is not None
-        lines = int(params.get("lines") or 200)
-        name = params.get("name")
+        lines, name = params.lines, params.name
         if not name:
-            return {"lines": list(self.log_lines)[-lines:]}
+            return {"lines": _tail(list(self.log_lines), lines)}
         found: list[str] = []
         matched = False
         for e in self.pool.entries():
@@ -1032,12 +1165,12 @@ class Daemon:
                 message=f"Unknown server {name}",
                 code=INVALID_PARAMS,
             )
-        return {"lines": found[-lines:]}
+        return {"lines": _tail(found, lines)}
 
-    async def _admin_setServer(self, params: dict[str, Any]) -> dict[str, Any]:
-        st = self._session_state(params)
-        name = str(params.get("name"))
-        entry = parse_server_entry(name, params.get("entry"))
+    async def _admin_setServer(self, params: _admin.SetServerParams) -> dict[str, Any]:
+        st = self._session_state(params.session)
+        name = params.name
+        entry = parse_server_entry(name, params.entry)
         async with self.reload_gate:
             before = dict(st.session.views)
             st.overrides[name] = (entry, "<runtime>")
@@ -1052,8 +1185,6 @@ class Daemon:
             "generation": st.session.registry.number,
         }
 
-    _admin_set_server = _admin_setServer
-
     # -- log level and explain (issue 8) -------------------------------------------------------
 
     def _apply_log_level(self) -> None:
@@ -1064,7 +1195,7 @@ class Daemon:
             self.journal.set_level("info")
             self.log("warning", f"daemon.logLevel ignored: {exc}", path=self.config_path)
 
-    async def _admin_explain(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _admin_explain(self, params: _admin.ExplainParams) -> dict[str, Any]:
         """Why a tool or prompt is visible or hidden for one session (`daemonctl explain`).
 
         `name` may be an exposed name or an upstream name. Every server of the session is
@@ -1072,8 +1203,8 @@ class Daemon:
         found; a name no server of the session offers is looked up in the rest of the pool.
         """
         assert self.pool is not None
-        st = self._session_state(params)
-        query = normalize_include(str(params.get("name") or ""))
+        st = self._session_state(params.session)
+        query = normalize_include(params.name)
         if not query:
             raise McpoolError("a tool or prompt name is required", code=INVALID_PARAMS)
         session = st.session
@@ -1188,6 +1319,15 @@ class Daemon:
                     return f"server '{server}' is disabled in {path}"
                 return f"server '{server}' in {path} is not connected to this session"
         return f"this session's settings do not list a server named '{server}'"
+
+
+async def _forced_failure() -> None:
+    raise RuntimeError("forced by the test hook mcpool/admin/testCrash")
+
+
+def _tail(lines: list[str], count: int) -> list[str]:
+    """The last `count` lines (none for 0, where a slice `[-0:]` would give them all)."""
+    return lines[-count:] if count else []
 
 
 async def _recv_with_fds(raw: socket.socket, fds: list[int]) -> bytes:
@@ -1350,14 +1490,24 @@ def main(argv: list[str]) -> int:
     lock_fd = _take_lock(sock_path)
     if lock_fd is None:
         sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
-        return 0
+        # 0: what was asked for (a daemon serving this socket) holds. `mcpool attach` relies on
+        # it (racing bridges each start one; a loser's 0 says "retry the connect", anything else
+        # "the daemon failed to start"), and a supervisor must not restart a loser into the same
+        # lock again.
+        return EXIT_STOPPED
     daemon = Daemon(sock_path, config, args.log_level)
     daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
     try:
         return trio.run(daemon.run)
     except KeyboardInterrupt:
-        return 130
+        # A ^C before the signal watcher runs: still a requested stop.
+        return EXIT_STOPPED
+    except BaseExceptionGroup as group:
+        # The same ^C, raised inside a task of a nursery (trio groups it).
+        if group.split(KeyboardInterrupt)[1] is None:
+            return EXIT_STOPPED
+        raise
     finally:
         daemon.journal.close()
         os.close(lock_fd)

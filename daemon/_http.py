@@ -29,11 +29,13 @@ when the endpoint starts.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ipaddress
 import math
 import os
 import secrets
 import struct
+import traceback
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,6 +47,7 @@ from msgspec import UNSET
 
 from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     MODERN_VERSIONS,
     McpoolError,
@@ -250,9 +253,17 @@ def _progress_token(msg: Message) -> Any:
     if not isinstance(params, dict):
         return None
     if msg.method == "notifications/progress":
-        return params.get("progressToken")
+        return _usable_token(params.get("progressToken"))
     meta = params.get("_meta")
-    return meta.get("progressToken") if isinstance(meta, dict) else None
+    return _usable_token(meta.get("progressToken")) if isinstance(meta, dict) else None
+
+
+def _usable_token(token: Any) -> Any:
+    """A progress token is a string or a number (MCP); anything else (an object, an array, a
+    bool) routes nothing, rather than raising where the session's writes are routed."""
+    if isinstance(token, str | int | float) and not isinstance(token, bool):
+        return token
+    return None
 
 
 def _encode(msg: Message) -> bytes:
@@ -372,6 +383,10 @@ class _HttpSession:
         self.idle.deadline = math.inf if busy else trio.current_time() + SESSION_IDLE
 
 
+class _ConnectionOver(Exception):
+    """This connection must end (already logged): a request failed once its response began."""
+
+
 class _Reply(Exception):
     """A plain (non-streamed) HTTP answer, raised from anywhere in a request's handling."""
 
@@ -465,10 +480,26 @@ class HttpEndpoint:
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     break
                 conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+        except h11.RemoteProtocolError as exc:
+            # Not HTTP (or broken HTTP): say so when a response can still start, then close.
+            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                with trio.move_on_after(1.0), contextlib.suppress(Exception):
+                    reply = _Reply(exc.error_status_hint, f"bad request: {exc}".encode())
+                    await self._send_plain(stream, conn, reply, close=True)
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+            h11.ProtocolError,
+            _ConnectionOver,
+        ):
             pass  # the client went away or spoke broken HTTP: only its connection ends
         except Exception as exc:  # one connection must never end the endpoint
-            self.host.log("error", f"HTTP connection failed: {type(exc).__name__}: {exc}")
+            self.host.log(
+                "error",
+                f"HTTP connection failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
         finally:
             with trio.move_on_after(1.0, shield=True):
                 await stream.aclose()
@@ -543,11 +574,32 @@ class HttpEndpoint:
         body: bytes,
         peer_loopback: bool,
     ) -> None:
-        headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
+        import h11
+
+        # h11 has checked the names (tokens) and values (no CR, LF or NUL); latin-1 decodes any
+        # byte, so a value is text whatever the client sent.
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
         try:
             reply = await self._route(stream, conn, request, headers, body, peer_loopback)
         except _Reply as exc:
             reply = exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+            raise  # the client went away, or HTTP broke: its connection ends
+        except Exception as exc:
+            # The fence of every request: a bug met by one request answers that request only.
+            self.host.log(
+                "error",
+                f"HTTP request failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+            if conn.our_state is not h11.SEND_RESPONSE:
+                raise _ConnectionOver() from None  # its response began: end the connection
+            reply = _rpc_error(
+                500,
+                INTERNAL_ERROR,
+                "Internal error",
+                f"{type(exc).__name__}: {exc} (the daemon log has more)",
+            )
         if reply is not None:
             await self._send_plain(stream, conn, reply)
 
@@ -773,6 +825,8 @@ class HttpEndpoint:
         return hs
 
     async def _run_session(self, hs: _HttpSession) -> None:
+        """One HTTP session's tasks, in the endpoint's nursery: whatever fails in them ends
+        this session only (logged with its traceback), never the endpoint."""
         session = hs.session
         reason = "the client disconnected"
         try:
@@ -785,6 +839,13 @@ class HttpEndpoint:
                     await trio.sleep_forever()
                 reason = f"no HTTP request for {SESSION_IDLE:g} s"
                 nursery.cancel_scope.cancel()
+        except Exception as exc:
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            self.host.log(
+                "error",
+                f"HTTP session {hs.id} failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
         finally:
             self.sessions.pop(hs.id, None)
             hs.outbox.close()

@@ -260,6 +260,8 @@ ExecReload=/bin/kill -HUP $MAINPID
 # "mixed" lets it, and kills whatever is left only after TimeoutStopSec.
 KillMode=mixed
 TimeoutStopSec=30
+# The daemon exits 0 only when asked to stop; a crash exits 1 (its traceback in the journal and
+# in the daemon log), and on-failure brings it back.
 Restart=on-failure
 RestartSec=2
 

@@ -82,6 +82,9 @@ def test_systemd_unit(tmp_path: Path) -> None:
     assert "[Install]\nWantedBy=default.target" in unit
     assert "KillMode=mixed" in unit
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    # The daemon exits non-zero only when it failed (a requested stop is 0): restart on that.
+    assert "\nRestart=on-failure\n" in unit
+    assert "\nRestartSec=2\n" in unit
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
