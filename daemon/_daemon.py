@@ -180,6 +180,7 @@ class Daemon:
             max_line=o.max_message_bytes,
             backoff_initial=o.backoff_initial,
             backoff_max=o.backoff_max,
+            request_timeout=o.request_timeout,
         )
 
     def desired_for(self, state: _SessionState) -> dict[str, Desired]:

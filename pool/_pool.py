@@ -47,7 +47,7 @@ from ._entry import (
 )
 from ._guardian import Guardian
 from ._spec import ServerSettings, TransportIdentity, capture_settings
-from ._upstream import StdioUpstream, Upstream
+from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
 DEFAULT_DRAIN_GRACE = 30.0
 DEFAULT_MAX_IDLE = 300.0
@@ -68,6 +68,8 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     backoff_max: float = BACKOFF_MAX
     crash_loop_failures: int = CRASH_LOOP_FAILURES
     crash_loop_window: float = CRASH_LOOP_WINDOW
+    # Bounds each request to an upstream whose entry sets no `timeout` of its own.
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
 
 class RefreshRejected(McpoolError):
@@ -109,7 +111,7 @@ class Pool:
         log: Callable[..., None] | None = None,
     ) -> None:
         self._nursery = nursery
-        self.options = options or PoolOptions()
+        self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
         self._entries: dict[EntryKey, PoolEntry] = {}
@@ -119,6 +121,25 @@ class Pool:
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
+
+    @property
+    def options(self) -> PoolOptions:
+        return self._options
+
+    @options.setter
+    def options(self, options: PoolOptions) -> None:
+        """New daemon options: a changed request time limit applies to running upstreams too
+        (to requests sent from now on)."""
+        self._options = options
+        for entry in self._entries.values():
+            if entry.upstream is not None:
+                entry.upstream.request_timeout = self._request_timeout(entry)
+
+    def _request_timeout(self, entry: PoolEntry) -> float:
+        """The entry's `timeout` (milliseconds, as gemini-cli) bounds each of its requests;
+        without one, the daemon's `requestTimeout`."""
+        ms = entry.identity.timeout
+        return ms / 1000.0 if ms else self._options.request_timeout
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -354,6 +375,7 @@ class Pool:
         )
         events.upstream = upstream
         upstream.known_era = entry.era
+        upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
         try:
             async with trio.open_nursery() as nursery:
