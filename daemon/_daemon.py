@@ -825,6 +825,10 @@ class Daemon:
                     "protocol_version": up.protocol_version if up is not None else None,
                     "restarts": e.restarts,
                     "last_error": e.last_error,
+                    # crash-loop only: when it is tried again on its own (wall clock)
+                    "retry_at": (
+                        self.started_wall + (e.retry_at - self.started) if e.retry_at else None
+                    ),
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
                     "in_flight": up.in_flight if up is not None else 0,

@@ -56,6 +56,10 @@ BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 30.0
 CRASH_LOOP_FAILURES = 5
 CRASH_LOOP_WINDOW = 120.0
+# A crash-looped local server is tried again after this long on its own (a fixed binary or a
+# dependency that came back is picked up), and at most once per `backoff_max` when a session
+# attaches to it: rare enough that a server that is still broken costs one spawn per cooldown.
+CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
@@ -68,6 +72,7 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     backoff_max: float = BACKOFF_MAX
     crash_loop_failures: int = CRASH_LOOP_FAILURES
     crash_loop_window: float = CRASH_LOOP_WINDOW
+    crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN
     # Bounds each request to an upstream whose entry sets no `timeout` of its own.
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
@@ -87,6 +92,12 @@ def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.
 
 def is_crash_loop(failure_times: list[float], *, now: float, window: float, limit: int) -> bool:
     return sum(1 for t in failure_times if now - t <= window) >= limit
+
+
+def attach_retry_due(failure_times: list[float], *, now: float, interval: float) -> bool:
+    """Whether a session attaching to a crash-looped entry makes it try again now: at most once
+    per `interval` (the backoff cap) since its last failure, so attaches cannot spawn-storm."""
+    return not failure_times or now - failure_times[-1] >= interval
 
 
 def default_upstream_factory(identity: TransportIdentity, events: Any, **options: Any) -> Upstream:
@@ -172,6 +183,16 @@ class Pool:
             entry = PoolEntry(key, identity, capture_settings(settings))
             self._entries[key] = entry
             self._nursery.start_soon(self._supervise, entry)
+        elif entry.state is EntryState.CRASH_LOOP and attach_retry_due(
+            entry.failures, now=trio.current_time(), interval=self.options.backoff_max
+        ):
+            # A session attaching is a reason to look again (the server may have been fixed);
+            # it waits for this attempt as for a first start.
+            self.log(
+                "info", f"server '{entry.name}': retrying after crash-loop (a session attached)"
+            )
+            entry.ready = trio.Event()
+            entry.restart_requested.set()
         handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
         entry.handles[next(self._handle_ids)] = handle
@@ -193,7 +214,11 @@ class Pool:
         await handle.entry.ready.wait()
         return handle
 
-    def release(self, handle: Handle) -> None:
+    def release(self, handle: Handle, *, replaced: bool = False) -> None:
+        """Give a lease back. `replaced`: the session now uses other transport settings for
+        this server; an entry left with no lease and nothing in flight then closes at once
+        (an edit storm must not leave a process per edit for the drain grace, which exists
+        for a session that detaches and re-attaches with the same settings)."""
         if handle.released:
             return
         handle.released = True
@@ -222,6 +247,9 @@ class Pool:
             )
             entry.leased_since = None
             entry.fire(EntryEvent.IDLE)
+            if replaced and (upstream is None or upstream.in_flight == 0):
+                self._close_entry(entry, "replaced")
+                return
             entry.move_deadline(
                 close_deadline(
                     now=now,
@@ -256,6 +284,7 @@ class Pool:
     def restart_entry(self, entry: PoolEntry) -> None:
         if entry.state not in TERMINAL_STATES:
             entry.failures.clear()
+            entry.crash_looped = False
             entry.last_error = None
             entry.era = None  # an explicit restart detects the era afresh
             entry.restart_requested.set()
@@ -281,10 +310,13 @@ class Pool:
 
     def _close_entry(self, entry: PoolEntry, reason: str) -> None:
         entry.closing = True
+        entry.close_reason = reason
         entry.move_deadline(-math.inf)
         entry.restart_requested.set()
         if entry.upstream is not None:
             entry.upstream.request_close(reason)
+        if entry.starting is not None:
+            entry.starting.cancel()  # still spawning: stop the start-up, the process closes
 
     # -- the supervisor ------------------------------------------------------------------------
 
@@ -326,22 +358,30 @@ class Pool:
                 entry.fire(EntryEvent.RESTART)
                 continue
             now = trio.current_time()
+            window = self.options.crash_loop_window
+            if entry.up_since is not None and now - entry.up_since >= window:
+                # It stayed up: whatever crash-looped it before is history.
+                entry.failures.clear()
+                entry.crash_looped = False
             entry.failures.append(now)
-            entry.failures = [
-                t for t in entry.failures if now - t <= self.options.crash_loop_window
-            ]
+            entry.failures = [t for t in entry.failures if now - t <= window]
             entry.last_error = error or "exited"
             entry.ready.set()
             # A remote server that is down is waited for (at the backoff cap); a local one that
-            # keeps dying is broken until someone changes something.
-            if entry.identity.kind == "stdio" and is_crash_loop(
-                entry.failures,
-                now=now,
-                window=self.options.crash_loop_window,
-                limit=self.options.crash_loop_failures,
+            # keeps dying rests for the cooldown (or until a session attaches, a restart or a
+            # settings change), and one that fails again after a retry goes straight back.
+            if entry.identity.kind == "stdio" and (
+                entry.crash_looped
+                or is_crash_loop(
+                    entry.failures, now=now, window=window, limit=self.options.crash_loop_failures
+                )
             ):
+                entry.crash_looped = True
                 entry.fire(EntryEvent.CRASH_LOOP)
-                await entry.restart_requested.wait()
+                entry.retry_at = now + self.options.crash_loop_cooldown
+                with trio.move_on_at(entry.retry_at):
+                    await entry.restart_requested.wait()
+                entry.retry_at = None
             else:
                 entry.fire(EntryEvent.CRASHED)
                 delay = backoff_delay(
@@ -377,11 +417,19 @@ class Pool:
         upstream.known_era = entry.era
         upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
+        entry.up_since = None
         try:
             async with trio.open_nursery() as nursery:
-                with trio.fail_after(timeout):
-                    await nursery.start(upstream.run)
-                    snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                # Closing the entry while it starts (`_close_entry`) cancels this scope.
+                with trio.CancelScope() as entry.starting:
+                    with trio.fail_after(timeout):
+                        await nursery.start(upstream.run)
+                        snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                entry.starting = None
+                if entry.closing:
+                    upstream.request_close(entry.close_reason or "closed")
+                    return None
+                entry.up_since = trio.current_time()
                 entry.upstream = upstream
                 entry.era = upstream.era
                 entry.last_error = None
@@ -396,12 +444,14 @@ class Pool:
             else:
                 failure = _describe(exc)
         finally:
+            entry.starting = None
             entry.upstream = None
             entry.stderr_history = list(upstream.stderr_tail)
         if failure is None and upstream.closed_reason not in (
             None,
             "restart requested",
             "drained",
+            "replaced",
             "the daemon is shutting down",
         ):
             failure = f"{upstream.closed_reason}"
