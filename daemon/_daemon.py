@@ -322,6 +322,7 @@ class Daemon:
                 self.pool = Pool(
                     pool_nursery, self._pool_options(), guardian=self.guardian, log=self.log
                 )
+                pool_nursery.start_soon(self.guardian.watch, self.log)
                 async with trio.open_nursery() as conn_nursery:
                     conn_nursery.start_soon(self._accept_loop, listener)
                     conn_nursery.start_soon(self._watch_signals)
