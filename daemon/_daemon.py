@@ -828,7 +828,9 @@ class Daemon:
                     "last_error": e.last_error,
                     # crash-loop only: when it is tried again on its own (wall clock)
                     "retry_at": (
-                        self.started_wall + (e.retry_at - self.started) if e.retry_at else None
+                        self.started_wall + (e.retry_at - self.started)
+                        if e.retry_at is not None
+                        else None
                     ),
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
