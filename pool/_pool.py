@@ -216,9 +216,10 @@ class Pool:
 
     def release(self, handle: Handle, *, replaced: bool = False) -> None:
         """Give a lease back. `replaced`: the session now uses other transport settings for
-        this server; an entry left with no lease and nothing in flight then closes at once
-        (an edit storm must not leave a process per edit for the drain grace, which exists
-        for a session that detaches and re-attaches with the same settings)."""
+        this server; an entry left with no lease and none of this session's calls in flight
+        then closes at once (an edit storm must not leave a process per edit for the drain
+        grace, which exists for a session that detaches and re-attaches with the same
+        settings)."""
         if handle.released:
             return
         handle.released = True
@@ -247,7 +248,9 @@ class Pool:
             )
             entry.leased_since = None
             entry.fire(EntryEvent.IDLE)
-            if replaced and (upstream is None or upstream.in_flight == 0):
+            # Only this session's own calls can be in flight (it was the last lease); the
+            # daemon's bookkeeping requests (unsubscribe above) need no answer.
+            if replaced and handle.in_flight == 0:
                 self._close_entry(entry, "replaced")
                 return
             entry.move_deadline(
