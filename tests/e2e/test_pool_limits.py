@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import trio
 from mcp.shared.exceptions import MCPError
 
@@ -21,7 +22,7 @@ from e2e.support import alive, process, raw_attach, raw_call, tool_names, wait_u
 
 WAIT = 20.0  # any one step below: a spawn, a reload, a timeout of a few seconds, a group kill
 UPSTREAM_TIMEOUT = -31003  # protocol/_errors.py
-CALL_LIMIT_MS = 1500  # the stopped server's `timeout`: short, so the test does not wait long
+CALL_LIMIT_MS = 1500  # the stopped server's limit: short, so the test does not wait long
 # The edit storm's drain grace: far longer than the storm's settling wait (STORM_SETTLE), so the
 # processes left behind could only be gone in time by being closed at once.
 STORM_DRAIN_GRACE = 300.0
@@ -69,11 +70,16 @@ async def log_lines(d: DaemonProcess, *args: str) -> list[str]:
 # -- item 8 ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("limit_from", ["entry", "daemon"])
 async def test_a_call_to_a_stopped_upstream_times_out_naming_the_server_and_is_cancelled(
-    daemon_factory: Any,
+    daemon_factory: Any, limit_from: str
 ) -> None:
-    d = await daemon_factory()
-    entry = {**fake_server(), "timeout": CALL_LIMIT_MS}
+    if limit_from == "entry":
+        d = await daemon_factory()
+        entry = {**fake_server(), "timeout": CALL_LIMIT_MS}
+    else:
+        d = await daemon_factory(daemon={"requestTimeout": CALL_LIMIT_MS / 1000})
+        entry = fake_server()
     settings = write_settings(d.root / "s.json", {"stuck": entry})
     async with d.attach([settings], "t") as session:
         pid = (await session.call_tool("stuck__pid", {})).structured_content["pid"]
