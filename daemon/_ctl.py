@@ -631,6 +631,14 @@ def _transport_shown(server: dict[str, Any]) -> Any:
     return f"{server.get('transport')} {url}" if url else server.get("transport")
 
 
+def _state_shown(server: dict[str, Any], now: float) -> Any:
+    """`crash-loop (retry in 4m12s)`: when a crash-looped server is tried again on its own."""
+    retry_at = server.get("retry_at")
+    if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
+        return f"{server.get('state')} (retry in {age(retry_at - now)})"
+    return server.get("state")
+
+
 def _render_servers(servers: list[dict[str, Any]]) -> None:
     if not servers:
         _print("no servers")
@@ -655,7 +663,7 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
         table.add_row(
             _text(server.get("name")),
             _text(server.get("id")),
-            _text(server.get("state")),
+            _text(_state_shown(server, now)),
             _text(_transport_shown(server)),
             _text(server.get("era")),
             _text(server.get("pid")),

@@ -230,6 +230,7 @@ class Daemon:
             max_line=o.max_message_bytes,
             backoff_initial=o.backoff_initial,
             backoff_max=o.backoff_max,
+            request_timeout=o.request_timeout,
         )
 
     def desired_for(self, state: _SessionState) -> dict[str, Desired]:
@@ -397,6 +398,7 @@ class Daemon:
                 self.pool = Pool(
                     pool_nursery, self._pool_options(), guardian=self.guardian, log=self.log
                 )
+                pool_nursery.start_soon(self.guardian.watch, self.log)
                 async with trio.open_nursery() as conn_nursery:
                     self._shared_nursery = conn_nursery
                     # Signals first: once the socket answers, SIGTERM or SIGINT is a stop (exit 0),
@@ -1005,6 +1007,12 @@ class Daemon:
                     "protocol_version": up.protocol_version if up is not None else None,
                     "restarts": e.restarts,
                     "last_error": e.last_error,
+                    # crash-loop only: when it is tried again on its own (wall clock)
+                    "retry_at": (
+                        self.started_wall + (e.retry_at - self.started)
+                        if e.retry_at is not None
+                        else None
+                    ),
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
                     "in_flight": up.in_flight if up is not None else 0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -47,6 +47,9 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     socket: str | None = None
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
+    # Seconds each request to an upstream may take when its entry sets no `timeout`
+    # (gemini-cli's 10 minutes for a tool call); then the caller gets an error naming the server.
+    request_timeout: Annotated[float, msgspec.Meta(gt=0)] = 600.0
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

@@ -16,7 +16,16 @@ from ._entry import (
 from ._eras import Discovered, discovered, listen_filter, wrap_output_schemas, wrap_structured
 from ._fdio import READ_CHUNK, FdWriter, WriterClosed, read_some
 from ._guardian import Guardian
-from ._pool import Pool, PoolOptions, RefreshRejected, backoff_delay, discover, is_crash_loop
+from ._pool import (
+    CRASH_LOOP_COOLDOWN,
+    Pool,
+    PoolOptions,
+    RefreshRejected,
+    attach_retry_due,
+    backoff_delay,
+    discover,
+    is_crash_loop,
+)
 from ._spec import (
     ServerSettings,
     TransportIdentity,
@@ -27,6 +36,7 @@ from ._spec import (
 from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
+    "CRASH_LOOP_COOLDOWN",
     "READ_CHUNK",
     "TERMINAL_STATES",
     "Discovered",
@@ -48,6 +58,7 @@ __all__ = [
     "Upstream",
     "UpstreamEvents",
     "WriterClosed",
+    "attach_retry_due",
     "backoff_delay",
     "close_deadline",
     "discover",

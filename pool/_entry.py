@@ -207,9 +207,18 @@ class PoolEntry:
         self.upstream: Upstream | None = None
         self.ready = trio.Event()  # set after the first attempt, successful or not
         self.closing = False
+        self.close_reason: str | None = None
+        # The scope of a start-up in progress: closing the entry cancels it (L4 still applies).
+        self.starting: trio.CancelScope | None = None
         self.restarts = 0
         self.last_error: str | None = None
         self.failures: list[float] = []
+        # Crash-loop bookkeeping (trio time): when the cooldown retry is due (None when not in
+        # crash-loop), whether the entry has crash-looped since it last stayed up, and when the
+        # current connection became ready.
+        self.retry_at: float | None = None
+        self.crash_looped = False
+        self.up_since: float | None = None
         self.idle_since: float | None = None
         self.leased_since: float | None = None
         self.deadline = math.inf

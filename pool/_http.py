@@ -181,6 +181,7 @@ class HttpUpstream(Upstream):
                         if self.identity.kind == "sse":
                             await nursery.start(self._sse_stream, client)
                         nursery.start_soon(self._sender, client, nursery)
+                        nursery.start_soon(self._expire_requests)
                         try:
                             await self._handshake()
                         except BaseException:

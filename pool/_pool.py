@@ -47,7 +47,7 @@ from ._entry import (
 )
 from ._guardian import Guardian
 from ._spec import ServerSettings, TransportIdentity, capture_settings
-from ._upstream import StdioUpstream, Upstream
+from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
 DEFAULT_DRAIN_GRACE = 30.0
 DEFAULT_MAX_IDLE = 300.0
@@ -56,6 +56,10 @@ BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 30.0
 CRASH_LOOP_FAILURES = 5
 CRASH_LOOP_WINDOW = 120.0
+# A crash-looped local server is tried again after this long on its own (a fixed binary or a
+# dependency that came back is picked up), and at most once per `backoff_max` when a session
+# attaches to it: rare enough that a server that is still broken costs one spawn per cooldown.
+CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
@@ -68,6 +72,9 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     backoff_max: float = BACKOFF_MAX
     crash_loop_failures: int = CRASH_LOOP_FAILURES
     crash_loop_window: float = CRASH_LOOP_WINDOW
+    crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN
+    # Bounds each request to an upstream whose entry sets no `timeout` of its own.
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
 
 class RefreshRejected(McpoolError):
@@ -85,6 +92,12 @@ def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.
 
 def is_crash_loop(failure_times: list[float], *, now: float, window: float, limit: int) -> bool:
     return sum(1 for t in failure_times if now - t <= window) >= limit
+
+
+def attach_retry_due(failure_times: list[float], *, now: float, interval: float) -> bool:
+    """Whether a session attaching to a crash-looped entry makes it try again now: at most once
+    per `interval` (the backoff cap) since its last failure, so attaches cannot spawn-storm."""
+    return not failure_times or now - failure_times[-1] >= interval
 
 
 def default_upstream_factory(identity: TransportIdentity, events: Any, **options: Any) -> Upstream:
@@ -109,7 +122,7 @@ class Pool:
         log: Callable[..., None] | None = None,
     ) -> None:
         self._nursery = nursery
-        self.options = options or PoolOptions()
+        self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
         self._entries: dict[EntryKey, PoolEntry] = {}
@@ -119,6 +132,25 @@ class Pool:
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
+
+    @property
+    def options(self) -> PoolOptions:
+        return self._options
+
+    @options.setter
+    def options(self, options: PoolOptions) -> None:
+        """New daemon options: a changed request time limit applies to running upstreams too
+        (to requests sent from now on)."""
+        self._options = options
+        for entry in self._entries.values():
+            if entry.upstream is not None:
+                entry.upstream.request_timeout = self._request_timeout(entry)
+
+    def _request_timeout(self, entry: PoolEntry) -> float:
+        """The entry's `timeout` (milliseconds, as gemini-cli) bounds each of its requests;
+        without one, the daemon's `requestTimeout`."""
+        ms = entry.identity.timeout
+        return ms / 1000.0 if ms else self._options.request_timeout
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -151,6 +183,16 @@ class Pool:
             entry = PoolEntry(key, identity, capture_settings(settings))
             self._entries[key] = entry
             self._nursery.start_soon(self._supervise, entry)
+        elif entry.state is EntryState.CRASH_LOOP and attach_retry_due(
+            entry.failures, now=trio.current_time(), interval=self.options.backoff_max
+        ):
+            # A session attaching is a reason to look again (the server may have been fixed);
+            # it waits for this attempt as for a first start.
+            self.log(
+                "info", f"server '{entry.name}': retrying after crash-loop (a session attached)"
+            )
+            entry.ready = trio.Event()
+            entry.restart_requested.set()
         handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
         entry.handles[next(self._handle_ids)] = handle
@@ -172,7 +214,12 @@ class Pool:
         await handle.entry.ready.wait()
         return handle
 
-    def release(self, handle: Handle) -> None:
+    def release(self, handle: Handle, *, replaced: bool = False) -> None:
+        """Give a lease back. `replaced`: the session now uses other transport settings for
+        this server; an entry left with no lease and none of this session's calls in flight
+        then closes at once (an edit storm must not leave a process per edit for the drain
+        grace, which exists for a session that detaches and re-attaches with the same
+        settings)."""
         if handle.released:
             return
         handle.released = True
@@ -201,6 +248,11 @@ class Pool:
             )
             entry.leased_since = None
             entry.fire(EntryEvent.IDLE)
+            # Only this session's own calls can be in flight (it was the last lease); the
+            # daemon's bookkeeping requests (unsubscribe above) need no answer.
+            if replaced and handle.in_flight == 0:
+                self._close_entry(entry, "replaced")
+                return
             entry.move_deadline(
                 close_deadline(
                     now=now,
@@ -235,6 +287,7 @@ class Pool:
     def restart_entry(self, entry: PoolEntry) -> None:
         if entry.state not in TERMINAL_STATES:
             entry.failures.clear()
+            entry.crash_looped = False
             entry.last_error = None
             entry.era = None  # an explicit restart detects the era afresh
             entry.restart_requested.set()
@@ -260,10 +313,13 @@ class Pool:
 
     def _close_entry(self, entry: PoolEntry, reason: str) -> None:
         entry.closing = True
+        entry.close_reason = reason
         entry.move_deadline(-math.inf)
         entry.restart_requested.set()
         if entry.upstream is not None:
             entry.upstream.request_close(reason)
+        if entry.starting is not None:
+            entry.starting.cancel()  # still spawning: stop the start-up, the process closes
 
     # -- the supervisor ------------------------------------------------------------------------
 
@@ -305,22 +361,30 @@ class Pool:
                 entry.fire(EntryEvent.RESTART)
                 continue
             now = trio.current_time()
+            window = self.options.crash_loop_window
+            if entry.up_since is not None and now - entry.up_since >= window:
+                # It stayed up: whatever crash-looped it before is history.
+                entry.failures.clear()
+                entry.crash_looped = False
             entry.failures.append(now)
-            entry.failures = [
-                t for t in entry.failures if now - t <= self.options.crash_loop_window
-            ]
+            entry.failures = [t for t in entry.failures if now - t <= window]
             entry.last_error = error or "exited"
             entry.ready.set()
             # A remote server that is down is waited for (at the backoff cap); a local one that
-            # keeps dying is broken until someone changes something.
-            if entry.identity.kind == "stdio" and is_crash_loop(
-                entry.failures,
-                now=now,
-                window=self.options.crash_loop_window,
-                limit=self.options.crash_loop_failures,
+            # keeps dying rests for the cooldown (or until a session attaches, a restart or a
+            # settings change), and one that fails again after a retry goes straight back.
+            if entry.identity.kind == "stdio" and (
+                entry.crash_looped
+                or is_crash_loop(
+                    entry.failures, now=now, window=window, limit=self.options.crash_loop_failures
+                )
             ):
+                entry.crash_looped = True
                 entry.fire(EntryEvent.CRASH_LOOP)
-                await entry.restart_requested.wait()
+                entry.retry_at = now + self.options.crash_loop_cooldown
+                with trio.move_on_at(entry.retry_at):
+                    await entry.restart_requested.wait()
+                entry.retry_at = None
             else:
                 entry.fire(EntryEvent.CRASHED)
                 delay = backoff_delay(
@@ -354,12 +418,21 @@ class Pool:
         )
         events.upstream = upstream
         upstream.known_era = entry.era
+        upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
+        entry.up_since = None
         try:
             async with trio.open_nursery() as nursery:
-                with trio.fail_after(timeout):
-                    await nursery.start(upstream.run)
-                    snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                # Closing the entry while it starts (`_close_entry`) cancels this scope.
+                with trio.CancelScope() as entry.starting:
+                    with trio.fail_after(timeout):
+                        await nursery.start(upstream.run)
+                        snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                entry.starting = None
+                if entry.closing:
+                    upstream.request_close(entry.close_reason or "closed")
+                    return None
+                entry.up_since = trio.current_time()
                 entry.upstream = upstream
                 entry.era = upstream.era
                 entry.last_error = None
@@ -374,12 +447,14 @@ class Pool:
             else:
                 failure = _describe(exc)
         finally:
+            entry.starting = None
             entry.upstream = None
             entry.stderr_history = list(upstream.stderr_tail)
         if failure is None and upstream.closed_reason not in (
             None,
             "restart requested",
             "drained",
+            "replaced",
             "the daemon is shutting down",
         ):
             failure = f"{upstream.closed_reason}"

@@ -11,6 +11,11 @@ reports ready through `task_status.started()`. From then on:
 
 - requests go out synchronously (`send_request` writes straight to the pipe, see `_fdio`), each
   under an id minted here and never reused (P2); the reply callback runs in the reader task;
+- each request has a time limit (`request_timeout`): one timer task per connection sleeps until
+  the earliest deadline of a heap, answers an overdue request with UPSTREAM_TIMEOUT naming the
+  server and the limit, and sends the server `notifications/cancelled` for it. The limit is a
+  total: progress does not extend it (a wedged server can still send progress; a server whose
+  tools run longer gets a larger `timeout`);
 - the reader dispatches responses to their callbacks, answers `ping` and `roots/list` locally,
   and hands everything else to the entry's event sink;
 - when the child exits or its stdout closes, every pending request fails at once with
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -84,6 +91,13 @@ PROBE_TIMEOUT = 1.5
 LISTEN_REOPEN_INITIAL = 1.0
 LISTEN_REOPEN_MAX = 30.0
 LISTEN_STABLE = 60.0
+# A request sent to an upstream is answered with an UPSTREAM_TIMEOUT error after this long
+# unless the entry's `timeout` or the daemon's `requestTimeout` says otherwise: gemini-cli's
+# default for one tool call, long enough for real work, short of "forever" for a hung server.
+DEFAULT_REQUEST_TIMEOUT = 600.0
+# The deadline heap drops answered requests lazily; it is rebuilt from the pending ones once it
+# holds this many more than twice their number, so a busy upstream's heap stays small.
+DEADLINE_COMPACT_SLACK = 1024
 
 
 # What the daemon declares to upstreams: it relays sampling and elicitation to the session that
@@ -149,6 +163,12 @@ class Upstream:
         self._roots = roots
         self._next_id = 1
         self._pending: dict[int, ReplyCallback] = {}
+        # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
+        # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
+        # (deadline, id, method, limit) instead of a task or a cancel scope per request.
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self._deadlines: list[tuple[float, int, str, float]] = []
+        self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
@@ -181,11 +201,18 @@ class Upstream:
     # -- sending (synchronous: no task switch on the hot path) -------------------------------
 
     def send_request(
-        self, method: str, params: Raw | bytes | UnsetType, on_reply: ReplyCallback
+        self,
+        method: str,
+        params: Raw | bytes | UnsetType,
+        on_reply: ReplyCallback,
+        *,
+        bounded: bool = True,
     ) -> int:
         """Send a request; `on_reply` gets the response (or a synthesized error) exactly once.
 
         A modern-era server is sent `params` as given: the caller stamped them (`prepare`).
+        A `bounded` request (all but `call`'s, which bounds its own) is answered with an
+        UPSTREAM_TIMEOUT error and cancelled at the upstream after `request_timeout`.
         """
         if not self.alive:
             raise UpstreamClosed(
@@ -197,9 +224,48 @@ class Upstream:
             self._answer_locally(uid, method, params, on_reply)
             return uid
         self._pending[uid] = on_reply
+        if bounded:
+            self._add_deadline(uid, method)
         raw = Raw(params) if isinstance(params, bytes) else params
         self._write(request(uid, method, raw))
         return uid
+
+    def _add_deadline(self, uid: int, method: str) -> None:
+        limit = self.request_timeout
+        deadline = trio.current_time() + limit
+        heap = self._deadlines
+        if not heap or deadline < heap[0][0]:
+            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
+        elif len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+            pending = self._pending
+            heap[:] = [d for d in heap if d[1] in pending]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, uid, method, limit))
+
+    def expire_requests(self, now: float) -> float:
+        """Answer every pending request whose deadline passed with an UPSTREAM_TIMEOUT error
+        naming the server and the limit, and cancel it at the upstream; the next deadline."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, uid, method, limit = heapq.heappop(heap)
+            cb = self._pending.pop(uid, None)
+            if cb is None:
+                continue  # answered (or cancelled) in time
+            reason = f"server '{self.name}' did not answer {method} within {limit:g} s"
+            self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
+            err = UpstreamTimeout(self.name, reason, message=reason, method=method, timeout=limit)
+            cb(Message(jsonrpc="2.0", id=uid, error=Raw(_encoder.encode(err.to_error_object()))))
+        return heap[0][0] if heap else math.inf
+
+    async def _expire_requests(self) -> None:
+        """The connection's one request timer: sleeps until the earliest deadline."""
+        while True:
+            if self._deadline_wake.is_set():
+                self._deadline_wake = trio.Event()
+            # Read after the reset: a request sent while we wait sets the new event.
+            next_deadline = self.expire_requests(trio.current_time())
+            with trio.move_on_at(next_deadline):
+                await self._deadline_wake.wait()
 
     def prepare(self, params: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
         """Stamp a forwarded request for a modern-era server (the caller checked the era).
@@ -297,7 +363,7 @@ class Upstream:
             if isinstance(params, Raw | UnsetType)
             else msgspec.Raw(msgspec.json.encode(params))
         )
-        uid = self.send_request(method, raw, on_reply)
+        uid = self.send_request(method, raw, on_reply, bounded=False)
         with trio.move_on_after(timeout) as scope:
             await done.wait()
         if scope.cancelled_caught:
@@ -642,6 +708,7 @@ class StdioUpstream(Upstream):
                 nursery.start_soon(self._read_stdout, out_r)
                 nursery.start_soon(self._read_stderr, err_r)
                 nursery.start_soon(self._watch_exit, proc)
+                nursery.start_soon(self._expire_requests)
                 try:
                     await self._handshake()
                 except BaseException:

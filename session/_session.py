@@ -366,7 +366,8 @@ class Session:
                     new_views[d.name] = old
                 else:  # ACQUIRE, REPLACE
                     if old is not None and old.handle is not None:
-                        self.pool.release(old.handle)
+                        # Replaced by other transport settings: closed at once if now unused.
+                        self.pool.release(old.handle, replaced=True)
                     view = SessionView(
                         self, d.name, d.key, prefix=d.settings.prefix, source=d.source
                     )

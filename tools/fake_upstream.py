@@ -215,6 +215,7 @@ class FakeServer:
 
     def handle_notification(self, method: str, params: Json) -> None:
         if method == "notifications/cancelled":
+            log(f"cancelled request {params.get('requestId')}: {params.get('reason')}")
             with self.state_lock:
                 event = self.in_flight.get(params.get("requestId"))
             if event is not None:

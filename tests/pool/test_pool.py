@@ -15,6 +15,7 @@ import trio.testing
 from fakes import FakeNet, FakeServer, make_pool, stdio, tool
 
 from mcpool.pool import (
+    CRASH_LOOP_COOLDOWN,
     EntryState,
     Handle,
     Pool,
@@ -296,7 +297,7 @@ async def test_crash_restarts_after_backoff_and_republishes(
     assert listener.snapshots == [1, 2, 3]  # discovery, unavailable, the restart's discovery
 
 
-async def test_repeated_failures_enter_crash_loop_until_restart(
+async def test_repeated_failures_enter_crash_loop_until_the_cooldown_or_a_restart(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     server = FakeServer([tool("read")])
@@ -314,8 +315,8 @@ async def test_repeated_failures_enter_crash_loop_until_restart(
     assert entry.state is EntryState.CRASH_LOOP
     assert len(entry.failures) == 5
     assert server.starts == 5  # one good start, then four failed restarts
-    await trio.sleep(3600)
-    assert entry.state is EntryState.CRASH_LOOP  # no restarts without being asked
+    await trio.sleep(CRASH_LOOP_COOLDOWN - 1)
+    assert entry.state is EntryState.CRASH_LOOP  # no restarts before the cooldown
     assert server.starts == 5
 
     server.always_fail = False
@@ -461,3 +462,130 @@ async def test_aclose_closes_every_entry_and_refuses_new_leases(
     assert server_a.current.closed_reason == "the daemon is shutting down"
     with pytest.raises(Exception, match="shutting down"):
         await acquire(pool, "a")
+
+
+# -- crash-loop is not for good (issue 12 item 12) ------------------------------------------------
+
+
+async def crash_looped(pool: Pool, server: FakeServer) -> tuple[Handle, float]:
+    """An entry driven into crash-loop; returns its handle and the moment it entered it."""
+    handle = await acquire(pool)
+    server.always_fail = True
+    server.current.crash()
+    entry = handle.entry
+    while entry.state is not EntryState.CRASH_LOOP:
+        await entry.state_changed.wait()
+    assert server.starts == 5
+    return handle, trio.current_time()
+
+
+async def test_a_crash_looped_entry_is_retried_after_the_cooldown_and_back_at_once_if_broken(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle, looped_at = await crash_looped(pool, server)
+    entry = handle.entry
+    assert entry.retry_at == looped_at + CRASH_LOOP_COOLDOWN
+    await trio.sleep_until(looped_at + CRASH_LOOP_COOLDOWN - EPSILON)
+    assert server.starts == 5
+    await trio.sleep_until(looped_at + CRASH_LOOP_COOLDOWN + EPSILON)
+    # Still broken: one spawn, and straight back to crash-loop (no new round of five).
+    assert server.starts == 6
+    assert entry.state is EntryState.CRASH_LOOP
+    assert entry.retry_at == looped_at + 2 * CRASH_LOOP_COOLDOWN
+
+
+async def test_a_fixed_server_comes_back_at_the_cooldown_and_staying_up_resets_its_failures(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle, looped_at = await crash_looped(pool, server)
+    entry = handle.entry
+    server.always_fail = False
+    await trio.sleep_until(looped_at + CRASH_LOOP_COOLDOWN + EPSILON)
+    assert entry.state is EntryState.ACTIVE and entry.snapshot.available
+    assert entry.retry_at is None
+    await trio.sleep(pool.options.crash_loop_window)  # it stays up
+    server.current.crash()
+    await trio.testing.wait_all_tasks_blocked()
+    assert entry.state is EntryState.RESTARTING  # one crash after a good run: a plain restart
+    assert len(entry.failures) == 1
+
+
+async def test_an_attach_retries_a_crash_looped_entry_at_most_once_per_backoff_interval(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("read")])
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle, looped_at = await crash_looped(pool, server)
+    entry = handle.entry
+    backoff_max = pool.options.backoff_max
+    await trio.sleep_until(looped_at + backoff_max - 1)
+    early = await acquire(pool, session="early")
+    assert early.entry is entry and server.starts == 5  # too soon after the last failure
+    await trio.sleep_until(looped_at + backoff_max)
+    retried = await acquire(pool, session="later")
+    assert server.starts == 6  # the attach waited for this attempt; still broken
+    assert retried.entry is entry and entry.state is EntryState.CRASH_LOOP
+    again = await acquire(pool, session="again")
+    assert again.entry is entry and server.starts == 6  # no storm: one retry per interval
+    server.always_fail = False
+    await trio.sleep(backoff_max)
+    fixed = await acquire(pool, session="fixed")
+    assert server.starts == 7
+    assert fixed.entry is entry and entry.state is EntryState.ACTIVE
+    assert entry.snapshot.available  # the attach saw the tools at once
+
+
+# -- a replaced entry closes at once (issue 12 item 10) -------------------------------------------
+
+
+async def test_a_replaced_release_closes_an_unused_entry_at_once_and_a_plain_one_drains(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    plain = await acquire(pool, args=["a"])
+    replaced = await acquire(pool, args=["b"])
+    released_at = trio.current_time()
+    pool.release(plain)
+    pool.release(replaced, replaced=True)
+    await replaced.entry.closed.wait()
+    assert trio.current_time() == released_at
+    assert not plain.entry.closed.is_set()
+    await plain.entry.closed.wait()
+    assert trio.current_time() == released_at + GRACE
+
+
+async def test_a_replaced_release_keeps_a_shared_entry_and_one_with_requests_in_flight(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    mine = await acquire(pool, session="a")
+    other = await acquire(pool, session="b")
+    pool.release(mine, replaced=True)
+    await trio.sleep(GRACE * 2)
+    assert other.entry.state is EntryState.ACTIVE  # another session still uses it
+    other.in_flight += 1  # what the session's forwarded call counts on its handle
+    released_at = trio.current_time()
+    pool.release(other, replaced=True)
+    await other.entry.closed.wait()  # the call in flight gets the drain grace
+    assert trio.current_time() == released_at + GRACE
+
+
+async def test_a_replaced_release_during_start_up_stops_the_start(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    server.start_gate = trio.Event()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    settings = stdio("srv")
+    handle = pool.lease(identity_of("srv", settings), settings, "s", Listener())
+    await trio.testing.wait_all_tasks_blocked()
+    assert handle.entry.state is EntryState.SPAWNING
+    pool.release(handle, replaced=True)
+    await handle.entry.closed.wait()
+    assert server.starts == 1 and server.current.pid is None  # never got to run
