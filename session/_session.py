@@ -1058,8 +1058,8 @@ class Session:
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
-        except McpoolError:
-            flight.finish()
+        except BaseException:
+            flight.finish()  # whatever failed, the request is not in flight
             raise
 
     # -- from upstreams ------------------------------------------------------------------------
