@@ -191,10 +191,8 @@ def typed(params: dict[str, Any], kind: type[T]) -> T:
 
 
 def _decode(raw: Raw | UnsetType, decoder: msgspec.json.Decoder[T]) -> T:
-    if raw is UNSET:
-        return decoder.decode(b"{}")
     try:
-        return decoder.decode(raw)
+        return decoder.decode(b"{}" if raw is UNSET else raw)  # absent params: no members
     except msgspec.ValidationError as exc:
         raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
