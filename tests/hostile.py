@@ -150,13 +150,15 @@ def messages(
     draw: st.DrawFn, tools: list[str], prompts: list[str], uris: list[str]
 ) -> dict[str, Any]:
     """One JSON-RPC object: a request, a notification, a response, or a broken envelope."""
-    shape = draw(st.sampled_from(["request", "request", "notification", "response", "broken"]))
+    shape = draw(st.sampled_from(["request"] * 3 + ["notification"] * 2 + ["response", "broken"]))
     message: dict[str, Any] = {"jsonrpc": "2.0"}
     if shape == "request":
         method, params = draw(st.sampled_from(sorted(_methods(tools, prompts, uris).items())))
         message.update(id=draw(ids), method=method)
     elif shape == "notification":
-        method, params = draw(st.sampled_from(sorted(_notifications(uris).items())))
+        kinds = sorted(_notifications(uris).items())
+        cancel = [k for k in kinds if k[0] == "notifications/cancelled"]
+        method, params = draw(st.sampled_from(kinds + cancel * 2))  # the one that killed it
         message["method"] = method
     elif shape == "response":
         message["id"] = draw(ids)
@@ -218,12 +220,15 @@ def lines(
     return raw.replace(b"\n", b" ")
 
 
-def expected_answers(line: bytes) -> tuple[Counter[Any], int, set[Any]]:
+def expected_answers(line: bytes, *, framed: bool = False) -> tuple[Counter[Any], int, set[Any]]:
     """(ids that must each be answered, how many times; null-id errors due; ids cancelled).
 
     A line that does not decode earns one error with a null id; a decoded one, one answer per
     request. A request named by a notifications/cancelled may go unanswered (the spec's rule).
+    `framed`: the line came through the daemon's framer, which skips blank lines.
     """
+    if framed and (not line or line.isspace()):
+        return Counter(), 0, set()
     try:
         decoded = decode(line)
     except McpoolError:
