@@ -790,8 +790,9 @@ class Session:
     def _listen(self, msg: Message, p: dict[str, Any], t: _params.Listen) -> None:
         """2026-07-28: a stream carrying this session's list_changed and resources/updated.
 
-        Acknowledged at once; answered only when it ends (the session closes). The client ends
-        it with notifications/cancelled naming it. Resource URIs count as subscriptions (P6).
+        Acknowledged at once; answered only when it ends (the session closing answers it with
+        SESSION_CLOSING). The client ends it with notifications/cancelled naming it, and gets
+        no answer then. Resource URIs count as subscriptions (P6). Never part of a batch.
         """
         if self.era is not MODERN:
             raise MethodNotFound(
