@@ -153,8 +153,9 @@ class RelayedRequest(Struct, gc=False):
     meta: RequestMeta | None = field(default=None, name="_meta")
 
 
-class ClientError(Struct, gc=False):
-    """A client's error answer to a relayed request (forwarded verbatim once it is one)."""
+class ErrorMember(Struct, gc=False):
+    """A JSON-RPC error object as relayed (verbatim once it is one): a client's answer to a
+    relayed request, or an upstream's answer to a forwarded one."""
 
     code: int
     message: str
@@ -167,7 +168,7 @@ _progress_decoder = msgspec.json.Decoder(Progress)
 _log_decoder = msgspec.json.Decoder(LogMessage)
 _updated_decoder = msgspec.json.Decoder(ResourceUpdated)
 _relayed_decoder = msgspec.json.Decoder(RelayedRequest)
-_client_error_decoder = msgspec.json.Decoder(ClientError)
+_error_decoder = msgspec.json.Decoder(ErrorMember)
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 
 _PATH = re.compile(r" - at `\$([^`]*)`$")
@@ -221,12 +222,12 @@ def relayed_request(raw: Raw | UnsetType) -> RelayedRequest:
     return _decode(raw, _relayed_decoder)
 
 
-def client_answer(result: Raw | UnsetType, error: Raw | UnsetType) -> str | None:
-    """What is wrong with a client's answer to a relayed request; None when it can be relayed
-    (a result that is an object, or an error object with an integer code and a message)."""
+def malformed_answer(result: Raw | UnsetType, error: Raw | UnsetType) -> str | None:
+    """What is wrong with an answer about to be relayed; None when it can go as it is (a
+    result that is an object, or an error object with an integer code and a message)."""
     try:
         if error is not UNSET:
-            _client_error_decoder.decode(error)
+            _error_decoder.decode(error)
         elif result is not UNSET:
             _object_decoder.decode(result)
     except msgspec.ValidationError as exc:
@@ -234,6 +235,11 @@ def client_answer(result: Raw | UnsetType, error: Raw | UnsetType) -> str | None
     except (msgspec.DecodeError, RecursionError) as exc:
         return f"unreadable answer: {exc}"
     return None
+
+
+def malformed_error(error: Raw) -> str | None:
+    """What is wrong with an error object about to be relayed; None when it is one."""
+    return malformed_answer(UNSET, error)
 
 
 __all__ = [
@@ -253,8 +259,9 @@ __all__ = [
     "SetLevel",
     "ToolsCall",
     "cancelled",
-    "client_answer",
     "log_message",
+    "malformed_answer",
+    "malformed_error",
     "progress",
     "relayed_request",
     "resource_updated",

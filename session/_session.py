@@ -195,7 +195,15 @@ class _InFlight:
             plan = self.plan
             if msg.error is not UNSET:
                 error = msg.error
-                if plan is not None:
+                wrong = _params.malformed_error(error)  # the error path only: off the hot path
+                if wrong is not None:
+                    bad = McpoolError(
+                        f"server '{self.entry.name}' answered with a malformed error: {wrong}",
+                        message=f"Malformed error from server '{self.entry.name}'",
+                        server=self.entry.name,
+                    )
+                    error = Raw(_encoder.encode(bad.to_error_object()))
+                elif plan is not None:
                     error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
                 line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
             else:
@@ -1165,7 +1173,7 @@ class Session:
         if relay is None:
             self._drop("a response to no request", f"no relayed request has id {msg.id!r}")
             return
-        wrong = _params.client_answer(msg.result, msg.error)
+        wrong = _params.malformed_answer(msg.result, msg.error)
         if wrong is not None:
             # The upstream still gets an answer: it must not wait forever for this one.
             relay.upstream.respond_error(

@@ -9,7 +9,9 @@ from typing import Any
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, FakeUpstream, FakeWriter, desired, make_pool, stdio, tool
+from msgspec import Raw
 
+from mcpool.protocol import Message
 from mcpool.session import Session
 
 INIT = {
@@ -139,3 +141,15 @@ async def test_closing_answers_every_call_still_in_flight(nursery: trio.Nursery)
         assert error["code"] == -31007
         assert error["message"] == "Session closed: the daemon is shutting down"
     assert len(r.upstream.cancelled) == 2
+
+
+async def test_an_upstream_error_that_is_no_error_object_reaches_the_client_as_one(
+    nursery: trio.Nursery,
+) -> None:
+    r = await rig(nursery)
+    r.send(call(1))
+    uid = r.upstream.sent[0][0]
+    r.upstream._pending.pop(uid)(Message(jsonrpc="2.0", id=uid, error=Raw(b'"boom"')))
+    error = r.answer(1)["error"]
+    assert error["message"] == "Malformed error from server 'srv'"
+    assert error["data"]["server"] == "srv" and "error" in error["data"]["reason"]
