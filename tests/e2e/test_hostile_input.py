@@ -4,17 +4,19 @@
 TypeError in the session and took the whole daemon down with every session of every client.
 Now it is a malformed notification: dropped with a log line, nothing else changes. It is sent
 as the first line of a raw connection (an implicit session, still in its backlog), inside an
-attached session, and through a real `mcpool attach` bridge.
+attached session, through a real `mcpool attach` bridge, and to the `--http` endpoint.
 """
 
 from __future__ import annotations
 
+import httpx2
 import pytest
 import trio
 
 from .harness import DaemonFactory, fake_server
 from .support import PROTOCOL_VERSION, STEP_TIMEOUT, raw_attach, raw_call, raw_text
 from .test_handoff import bridge
+from .test_http import http_daemon
 
 ONE_LINERS = {
     "object": b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{}}}\n',
@@ -67,5 +69,36 @@ async def test_cancelled_with_an_unhashable_request_id_is_dropped_through_mcpool
             assert "result" in await hostile.client.request("ping")
         assert raw_text(await raw_call(hostile.client, "fake__echo", {"text": "ok"})) == "ok"
         assert raw_text(await raw_call(bystander, "fake__echo", {"text": "ok"})) == "ok"
+    assert daemon.process is not None and daemon.process.poll() is None, daemon.output()
+    assert await daemon.stop() == 0
+
+
+@pytest.mark.parametrize("kind", sorted(ONE_LINERS))
+async def test_cancelled_with_an_unhashable_request_id_is_dropped_over_http(
+    daemon_factory: DaemonFactory, kind: str
+) -> None:
+    daemon, port = await http_daemon(daemon_factory, {"fake": fake_server()})
+    url = f"http://127.0.0.1:{port}/mcp"
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+    }
+    async with httpx2.AsyncClient(timeout=STEP_TIMEOUT) as http:
+        r = await http.post(url, json=init, headers=headers)
+        assert r.status_code == 200, r.text
+        session = {**headers, "mcp-session-id": r.headers["mcp-session-id"]}
+        r = await http.post(url, content=ONE_LINERS[kind].strip(), headers=session)
+        assert r.status_code == 202, r.text
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "fake__echo", "arguments": {"text": "over http"}},
+        }
+        r = await http.post(url, json=call, headers=session)
+        assert r.status_code == 200 and "over http" in r.text, r.text
     assert daemon.process is not None and daemon.process.poll() is None, daemon.output()
     assert await daemon.stop() == 0
