@@ -597,11 +597,11 @@ class Session:
         """Every request still waiting (forwarded, a listen stream, the backlog) gets a
         SESSION_CLOSING error, in one write; a client that can no longer read loses nothing
         it could have had, and one that can (SIGTERM, an oversized line) hears why."""
-        obj = McpoolError(reason, message=f"Session closed: {reason}", code=SESSION_CLOSING)
+        closing = McpoolError(reason, message=f"Session closed: {reason}", code=SESSION_CLOSING)
         lines: list[bytes] = []
 
         def answer(msg_id: Any, batch: Batch | None) -> None:
-            line = error_response(msg_id, obj.code, obj.message, obj.data)
+            line = error_response(msg_id, closing.code, closing.message, closing.data)
             whole = batch.add(line) if batch is not None else line
             if whole is not None:
                 lines.append(whole)
