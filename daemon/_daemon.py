@@ -115,6 +115,9 @@ CLOSE_LINGER = 1.0
 # A handed-off session's last replies reach a client that is still reading within this; one that
 # stopped reading must not hold the bridge (and the client waiting on it) open.
 HANDOFF_DRAIN_BOUND = 1.0
+# On shutdown, the error answers to every in-flight call reach clients that still read within
+# this; one that stopped reading must not hold the shutdown.
+SHUTDOWN_DRAIN_BOUND = 1.0
 # fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
 # is seen (MSG_CTRUNC) rather than silently cut.
 HANDOFF_FDS = 2
@@ -417,8 +420,13 @@ class Daemon:
                     self.watcher.close()
                     listener.close()
                     with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
-                        for st in list(self.sessions.values()):
+                        closing = list(self.sessions.values())
+                        for st in closing:
+                            # Answers every request in flight with an error naming the reason.
                             st.session.close("the daemon is shutting down")
+                        with trio.move_on_after(SHUTDOWN_DRAIN_BOUND):
+                            for st in closing:
+                                await st.session.out.wait_drained()
                         conn_nursery.cancel_scope.cancel()
                         await self.pool.aclose()
                     if scope.cancelled_caught:
@@ -511,11 +519,7 @@ class Daemon:
         try:
             await self._serve_connection(tsock)
         except Exception as exc:
-            self.log(
-                "error",
-                f"a connection failed: {type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(),
-            )
+            self._log_fault("opening a connection", exc)
 
     async def _serve_connection(self, tsock: trio.socket.SocketType) -> None:
         fd = tsock.detach()
@@ -537,8 +541,16 @@ class Daemon:
                     )
                 await _linger_close(raw.fileno())
                 return
-            await self._serve_peer(raw, peer_pid)
-            if raw.fileno() in self._linger:
+            faulted = False
+            try:
+                await self._serve_peer(raw, peer_pid)
+            except* Exception as exc:
+                # The per-connection fence: a bug while serving one connection ends that
+                # connection only, never the accept loop (and every other session with it).
+                # `except*`: a cancellation travelling in the same group still propagates.
+                self._log_fault("serving a connection", exc, peer=peer_pid)
+                faulted = True
+            if raw.fileno() in self._linger and not faulted:
                 await _linger_close(raw.fileno())
         finally:
             self._linger.discard(raw.fileno())
@@ -768,28 +780,43 @@ class Daemon:
         session = state.session
         client_closed = False
         try:
-            async with trio.open_nursery() as nursery:
-                session.on_close = lambda _s: nursery.cancel_scope.cancel()
-                session.spawn = nursery.start_soon  # a notifier task only while one is due
-                nursery.start_soon(self.apply_to_session, state)
-                for line in pending:
-                    session.handle_line(line)
-                while not session.closed:
-                    data = await read_some(in_fd)
-                    if not data:
-                        client_closed = True
-                        break
-                    try:
-                        lines = framer.feed(data)
-                    except MessageTooLarge as exc:
-                        await self._fail_and_close(in_fd, writer, exc)
-                        break
-                    for line in lines:
+            # One fence around the whole read loop (not one per line): whatever escapes the
+            # session's own handling, its notifier or its first reconciliation closes this
+            # session with an answer to every request in flight, and the connection ends.
+            try:
+                async with trio.open_nursery() as nursery:
+                    session.on_close = lambda _s: nursery.cancel_scope.cancel()
+                    session.spawn = nursery.start_soon  # a notifier task only while one is due
+                    nursery.start_soon(self.apply_to_session, state)
+                    for line in pending:
                         session.handle_line(line)
-                session.close("the client disconnected")
+                    while not session.closed:
+                        data = await read_some(in_fd)
+                        if not data:
+                            client_closed = True
+                            break
+                        try:
+                            lines = framer.feed(data)
+                        except MessageTooLarge as exc:
+                            await self._fail_and_close(in_fd, writer, exc)
+                            break
+                        for line in lines:
+                            session.handle_line(line)
+                    session.close("the client disconnected")
+            except* Exception as exc:
+                self._log_fault("serving a session", exc, session=session.id)
+                session.close("internal error in mcpool (see the daemon log)")
         finally:
             self.close_session(state, "the client disconnected")
         return client_closed
+
+    def _log_fault(self, where: str, exc: BaseException, **fields: Any) -> None:
+        """An unexpected exception that a fence stopped: logged with its traceback."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]  # the nursery's group around the one real error
+        self.log("error", f"internal error while {where}: {leaf!r}", traceback=trace, **fields)
 
     def open_session(
         self,

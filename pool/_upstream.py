@@ -36,6 +36,7 @@ import heapq
 import math
 import os
 import signal
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -561,28 +562,35 @@ class Upstream:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
             return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
-            if self.era is _eras.MODERN and self._listen_frame(msg):
-                continue
-            if msg.method is UNSET:
-                if isinstance(msg.id, int):
-                    cb = self._pending.pop(msg.id, None)
-                    if cb is not None:
-                        cb(msg)
-            elif msg.id is UNSET:
-                self._events.on_notification(msg.method, msg.params)
-            elif msg.method == "ping":
-                self.respond(msg.id, {})
-            elif msg.method == "roots/list" and self.identity.scope != "session":
-                self.respond(
-                    msg.id,
-                    {
-                        "roots": [
-                            {"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots
-                        ]
-                    },
-                )
-            else:
-                self._events.on_server_request(self, msg)
+            # This is the reader task every session of this server depends on: whatever a
+            # callback raises (sessions fence their own; this is the last line) is recorded
+            # and the next message is read, never raised into the reader.
+            try:
+                if self.era is _eras.MODERN and self._listen_frame(msg):
+                    continue
+                if msg.method is UNSET:
+                    if isinstance(msg.id, int):
+                        cb = self._pending.pop(msg.id, None)
+                        if cb is not None:
+                            cb(msg)
+                elif msg.id is UNSET:
+                    self._events.on_notification(msg.method, msg.params)
+                elif msg.method == "ping":
+                    self.respond(msg.id, {})
+                elif msg.method == "roots/list" and self.identity.scope != "session":
+                    self.respond(
+                        msg.id,
+                        {
+                            "roots": [
+                                {"uri": _as_file_uri(r), "name": _root_name(r)} for r in self._roots
+                            ]
+                        },
+                    )
+                else:
+                    self._events.on_server_request(self, msg)
+            except Exception as exc:
+                trace = "".join(traceback.format_exception(exc)).rstrip()
+                self.stderr_tail.append(f"[mcpool] internal error dispatching a message: {trace}")
 
     def _fail_pending(self) -> None:
         if not self._pending:

@@ -297,19 +297,32 @@ def translate_error(raw: bytes, plan: ResultPlan, *, session_modern: bool) -> by
 
 
 class Batch:
-    """The answers to one JSON-RPC batch, sent together as one array when the last arrives."""
+    """The answers to one JSON-RPC batch, sent together as one array when the last arrives.
 
-    __slots__ = ("parts", "waiting")
+    It counts answers, not ids: each request of the batch carries the batch it came in, so
+    duplicate ids, or an id reused by another batch, never mix two batches or leave one
+    waiting. A member cancelled by the client gets no answer (`drop`); a batch whose every
+    member was dropped sends nothing, as JSON-RPC has it for a batch of notifications.
+    """
 
-    def __init__(self, ids: list[Any]) -> None:
-        self.waiting = set(ids)
+    __slots__ = ("expected", "parts")
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
         self.parts: list[bytes] = []
 
-    def add(self, msg_id: Any, line: bytes) -> bytes | None:
+    def add(self, line: bytes) -> bytes | None:
         """Take one answer (a newline-terminated line); the whole array once complete."""
-        self.waiting.discard(msg_id)
         self.parts.append(line.rstrip(b"\n"))
-        if self.waiting:
+        return self._whole()
+
+    def drop(self) -> bytes | None:
+        """One member will get no answer; the whole array if that completes the batch."""
+        self.expected -= 1
+        return self._whole()
+
+    def _whole(self) -> bytes | None:
+        if len(self.parts) < self.expected or not self.parts:
             return None
         return b"[" + b",".join(self.parts) + b"]\n"
 

@@ -21,12 +21,37 @@ the `subscriptions/listen` streams it opened (stamped with the stream's id) inst
 unsolicited. Results crossing eras (a modern session on a handshake-era upstream, or the other
 way) are translated on their way back by a `ResultPlan`; a handshake-era session on a
 handshake-era upstream builds none, so its tools/call answer is still passed through as bytes.
+
+Input is typed at this boundary (`_params`): a request's params are decoded once into the dict
+that is forwarded and converted into the method's Struct that mcpool reads, so a wrong type is
+an invalid-params error to the sender naming the field, and a bad notification is dropped with
+a log line. A request whose id is already in flight (or names an open listen stream) is refused;
+a batch's answers are collected by the `Batch` each member carries, so duplicate ids, cancelled
+members or members answered out of order never hang or mix batches.
+
+Which tasks run session code, and how each is fenced (one failing session never takes down a
+task that others depend on):
+- the session's connection task (`Daemon._run_session`, or an HTTP request task) runs
+  `handle_line`; `_handle` answers an unexpected exception in one request with an internal
+  error (logged with its traceback) and the session goes on, and the daemon's per-connection
+  fence ends only this connection for anything that escapes;
+- an upstream's reader task, shared by every session of that server, runs `_InFlight.__call__`
+  (a reply), `upstream_notification`, `server_request` and `views_changed` (a relist); each
+  catches whatever it raises, logs it with its traceback and closes only this session
+  (`_fault`), and `Upstream._dispatch` fences every callback once more;
+- the notifier task runs inside the connection's nursery, under the same per-connection fence.
+
+`close` answers every request still in flight (forwarded, listen streams, the backlog) with a
+SESSION_CLOSING error naming the reason before the session lets go, so on SIGTERM every call
+gets an answer while the client can still read one.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -43,6 +68,7 @@ from mcpool.protocol import (
     RESOURCE_NOT_FOUND,
     SESSION_CLOSING,
     InvalidParams,
+    InvalidRequest,
     JsonRpcId,
     McpoolError,
     Message,
@@ -60,6 +86,7 @@ from mcpool.protocol import (
     response,
 )
 
+from . import _params
 from ._eras import (
     HANDSHAKE,
     LIST_FLAGS,
@@ -119,7 +146,17 @@ class Writer(Protocol):
 class _InFlight:
     """One forwarded request: the reply callback, and what cancelling it needs."""
 
-    __slots__ = ("client_id", "entry", "handle", "plan", "progress", "session", "uid", "upstream")
+    __slots__ = (
+        "batch",
+        "client_id",
+        "entry",
+        "handle",
+        "plan",
+        "progress",
+        "session",
+        "uid",
+        "upstream",
+    )
 
     def __init__(
         self, session: Session, client_id: Any, handle: Handle, upstream: Upstream
@@ -132,6 +169,7 @@ class _InFlight:
         self.uid = 0
         self.progress: str | None = None
         self.plan: ResultPlan | None = None  # None: the answer's bytes go back untouched
+        self.batch: Batch | None = session._batch  # the batch this request came in, if any
         handle.in_flight += 1
 
     def finish(self) -> None:
@@ -147,30 +185,44 @@ class _InFlight:
             self.uid = -1
 
     def __call__(self, msg: Message) -> None:
+        # Runs in the upstream's reader task, which every session of that server shares: an
+        # unexpected failure here closes this session only (see the module docstring).
         s = self.session
-        self.finish()
-        if s.closed:
-            return
-        plan = self.plan
-        if msg.error is not UNSET:
-            error = msg.error
-            if plan is not None:
-                error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
-            line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
-            s.reply(self.client_id, line)
-            return
-        result = msg.result if msg.result is not UNSET else Raw(b"{}")
-        if plan is not None:
-            try:
-                result = Raw(translate_result(bytes(result), plan))
-            except McpoolError as exc:
-                s.send_error(self.client_id, exc)
+        try:
+            self.finish()
+            if s.closed:
                 return
-        line = _encoder.encode(Response("2.0", self.client_id, result)) + b"\n"
-        if s._batches:
-            s.reply(self.client_id, line)
-        else:
-            s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
+            plan = self.plan
+            if msg.error is not UNSET:
+                error = msg.error
+                wrong = _params.malformed_error(error)  # the error path only: off the hot path
+                if wrong is not None:
+                    bad = McpoolError(
+                        f"server '{self.entry.name}' answered with a malformed error: {wrong}",
+                        message=f"Malformed error from server '{self.entry.name}'",
+                        server=self.entry.name,
+                    )
+                    error = Raw(_encoder.encode(bad.to_error_object()))
+                elif plan is not None:
+                    error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
+                line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
+            else:
+                result = msg.result if msg.result is not UNSET else Raw(b"{}")
+                if plan is not None:
+                    try:
+                        result = Raw(translate_result(bytes(result), plan))
+                    except McpoolError as exc:
+                        obj = exc.to_error_object()
+                        line = error_response(self.client_id, obj.code, obj.message, obj.data)
+                        s.deliver(self.batch, line)
+                        return
+                line = _encoder.encode(Response("2.0", self.client_id, result)) + b"\n"
+            if self.batch is None:
+                s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
+            else:
+                s.deliver(self.batch, line)
+        except Exception as exc:
+            s._fault(f"the answer from server '{self.entry.name}'", exc)
 
 
 def request_id(msg: Message) -> JsonRpcId:
@@ -228,8 +280,9 @@ class Session:
     # Slots: a daemon holds one Session per attached window, many of them idle.
     __slots__ = (
         "_backlog",
-        "_batches",
+        "_batch",
         "_dirty",
+        "_dropped",
         "_log",
         "_notify_wake",
         "_notifying",
@@ -291,7 +344,8 @@ class Session:
         self.registry: RegistryGeneration = empty_generation()
         self._signature: tuple[Any, ...] = ()
         self.ready = False
-        self._backlog: list[Message] = []
+        # Messages before the first generation, each with the batch it came in (if any).
+        self._backlog: list[tuple[Message, Batch | None]] = []
         self.initialize_answered = False
         self.initialized = False
         self.protocol_version: str | None = None
@@ -319,7 +373,9 @@ class Session:
         # None until the first request decides it (P1): HANDSHAKE or MODERN.
         self.era: str | None = None
         self.listens: dict[Any, _Listen] = {}  # modern: open listen streams by request id
-        self._batches: dict[Any, Batch] = {}  # request id -> the batch still collecting it
+        # While a batch member is being handled: the batch its synchronous answer joins.
+        self._batch: Batch | None = None
+        self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -398,10 +454,14 @@ class Session:
     # -- generations ---------------------------------------------------------------------------
 
     def views_changed(self) -> None:
+        # Called from whichever task published a snapshot (an upstream's relist, a restart).
         if self._reconciling:
             self._dirty = True
         elif not self.closed:
-            self.rebuild()
+            try:
+                self.rebuild()
+            except Exception as exc:
+                self._fault("a change of its servers' lists", exc)
 
     def rebuild(self) -> None:
         views = list(self.views.values())
@@ -438,8 +498,13 @@ class Session:
     def _become_ready(self) -> None:
         self.ready = True
         backlog, self._backlog = self._backlog, []
-        for msg in backlog:
-            self._handle(msg)
+        outer = self._batch
+        try:
+            for msg, batch in backlog:
+                self._batch = batch
+                self._handle(msg)
+        finally:
+            self._batch = outer
 
     async def run_notifier(self) -> None:
         """Send list_changed for changed kinds; coalesce while the socket has unsent data."""
@@ -485,14 +550,17 @@ class Session:
             self.close(str(exc))
 
     def reply(self, msg_id: Any, data: bytes) -> None:
-        """Send the answer to a client request (a member of a batch waits for the rest)."""
-        if self._batches:
-            batch = self._batches.pop(msg_id, None)
-            if batch is not None:
-                whole = batch.add(msg_id, data)
-                if whole is None:
-                    return
-                data = whole
+        """Send the answer to the client request being handled now (a batch member's answer
+        joins its batch, which is sent whole once every member is answered)."""
+        self.deliver(self._batch, data)
+
+    def deliver(self, batch: Batch | None, data: bytes) -> None:
+        """Send one answer, or add it to the batch its request came in."""
+        if batch is not None:
+            whole = batch.add(data)
+            if whole is None:
+                return
+            data = whole
         self.send(data)
 
     def send_error(self, msg_id: Any, exc: McpoolError) -> None:
@@ -511,10 +579,7 @@ class Session:
             return
         self.closed = True
         self.close_reason = reason
-        for flight in list(self.inflight.values()):
-            flight.upstream.cancel(flight.uid, "the client disconnected")
-            flight.finish()
-        self.inflight.clear()
+        self._answer_unfinished(reason)
         for relay in self.relayed.values():
             relay.upstream.respond_error(
                 relay.upstream_id,
@@ -524,11 +589,52 @@ class Session:
             )
         self.relayed.clear()
         self.listens.clear()
-        self._batches.clear()
         self.release_all()
         self._notify_wake.set()
         if self.on_close is not None:
             self.on_close(self)
+
+    def _answer_unfinished(self, reason: str) -> None:
+        """Every request still waiting (forwarded, a listen stream, the backlog) gets a
+        SESSION_CLOSING error, in one write; a client that can no longer read loses nothing
+        it could have had, and one that can (SIGTERM, an oversized line) hears why."""
+        closing = McpoolError(reason, message=f"Session closed: {reason}", code=SESSION_CLOSING)
+        lines: list[bytes] = []
+
+        def answer(msg_id: Any, batch: Batch | None) -> None:
+            line = error_response(msg_id, closing.code, closing.message, closing.data)
+            whole = batch.add(line) if batch is not None else line
+            if whole is not None:
+                lines.append(whole)
+
+        for flight in list(self.inflight.values()):
+            flight.upstream.cancel(flight.uid, reason)
+            flight.finish()
+            answer(flight.client_id, flight.batch)
+        self.inflight.clear()
+        for listen_id in self.listens:
+            answer(listen_id, None)
+        for msg, batch in self._backlog:
+            if msg.is_request:
+                answer(msg.id, batch)
+        self._backlog.clear()
+        if lines:
+            with contextlib.suppress(Exception):  # the peer is gone: nobody to tell
+                self.out.write(b"".join(lines))
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        """An unexpected exception in session code run by a task others share: log it with
+        its traceback and close this session only."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self._log(f"session {self.id}: internal error in {where}; session closed\n{trace}")
+        self.close(f"internal error in mcpool while handling {where} (see the daemon log)")
+
+    def _drop(self, kind: str, why: str) -> None:
+        """A message that cannot be acted on: logged once per kind and session (a client
+        repeating it must not flood the daemon log), then dropped."""
+        if kind not in self._dropped:
+            self._dropped.add(kind)
+            self._log(f"session {self.id}: dropped {kind}: {why} (further ones: not logged)")
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -540,13 +646,13 @@ class Session:
             return
         if isinstance(decoded, list):
             # A 2025-03-26 batch: its answers go back together, as one array.
-            ids = [m.id for m in decoded if m.method is not UNSET and m.id is not UNSET]
-            if ids:
-                batch = Batch(ids)
-                for msg_id in ids:
-                    self._batches[msg_id] = batch
-            for msg in decoded:
-                self.handle_message(msg)
+            batch = Batch(sum(1 for m in decoded if m.method is not UNSET and m.id is not UNSET))
+            try:
+                for msg in decoded:
+                    self._batch = batch if msg.method is not UNSET and msg.id is not UNSET else None
+                    self.handle_message(msg)
+            finally:
+                self._batch = None
         else:
             self.handle_message(decoded)
 
@@ -564,28 +670,47 @@ class Session:
             )
             return
         if not self.ready and msg.method != "ping":
-            self._backlog.append(msg)
+            self._backlog.append((msg, self._batch))
             return
         self._handle(msg)
 
     def _handle(self, msg: Message) -> None:
         method = msg.method
-        if method is UNSET:
-            self._client_response(msg)
-            return
-        if msg.id is UNSET:
-            self._notification(method, msg.params)
-            return
-        handler = _HANDLERS.get(method)
         try:
-            if handler is None:
+            if method is UNSET:
+                self._client_response(msg)
+                return
+            if msg.id is UNSET:
+                self._notification(method, msg.params)
+                return
+            entry = _HANDLERS.get(method)
+            if entry is None:
                 raise MethodNotFound(method, f"mcpool does not serve {method}")
+            if msg.id in self.inflight or msg.id in self.listens:
+                raise InvalidRequest(
+                    f"request id {msg.id!r} is already used by a request in flight "
+                    "(ids must be unique among a session's open requests)",
+                    id=msg.id,
+                )
+            handler, kind = entry
             p = decode_params(msg.params)
             if self.era is not HANDSHAKE:
                 self._check_era(method, p)
-            handler(self, msg, p)
+            handler(self, msg, p, _params.typed(p, kind))
         except McpoolError as exc:
-            self.send_error(msg.id, exc)
+            if msg.is_request:
+                self.send_error(msg.id, exc)
+            else:
+                self._drop(f"a malformed {method or 'response'}", exc.reason)
+        except Exception as exc:
+            # A bug, not bad input: the request still gets an answer and the session goes on.
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            self._log(f"session {self.id}: internal error handling {method}\n{trace}")
+            if msg.is_request:
+                self.send_error(
+                    msg.id,
+                    McpoolError(f"internal error in mcpool while handling {method}: {exc!r}"),
+                )
 
     def _check_era(self, method: str, p: dict[str, Any]) -> None:
         """P1: decide the era on the first request; check every modern request's envelope."""
@@ -612,32 +737,31 @@ class Session:
         strip_envelope(p)
 
     def _notification(self, method: str, params: Raw | UnsetType) -> None:
+        """A client's notification; a malformed one raises McpoolError (dropped by _handle)."""
         if method == "notifications/initialized":
             # Out of order (before our initialize result) is ignored, per the handshake rules.
             if self.initialize_answered:
                 self.initialized = True
         elif method == "notifications/cancelled":
-            try:
-                p = decode_params(params)
-            except McpoolError:
-                return
-            rid = p.get("requestId")
-            if self.listens and isinstance(rid, int | str) and rid in self.listens:
+            c = _params.cancelled(params)
+            rid = c.requestId
+            if rid is UNSET:
+                return  # a task's cancel names no request; mcpool forwards no tasks
+            if rid in self.listens:
                 self._close_listen(rid)
                 return
             flight = self.inflight.get(rid)
             if flight is not None:
-                flight.upstream.cancel(
-                    flight.uid, str(p.get("reason") or "cancelled by the client")
-                )
+                flight.upstream.cancel(flight.uid, c.reason or "cancelled by the client")
                 flight.finish()
+                if flight.batch is not None:
+                    # A cancelled request gets no answer; its batch must not wait for one.
+                    whole = flight.batch.drop()
+                    if whole is not None:
+                        self.send(whole)
         elif method == "notifications/progress":
             # Progress the client reports on a request an upstream sent it (P5).
-            try:
-                p = decode_params(params)
-            except McpoolError:
-                return
-            token = p.get("progressToken")
+            token = _params.progress(params).progressToken
             for relay in self.relayed.values():
                 if relay.progress_token is not None and relay.progress_token == token:
                     relay.upstream.send_notification(method, params)
@@ -645,16 +769,12 @@ class Session:
 
     # -- request handlers ----------------------------------------------------------------------
 
-    def _initialize(self, msg: Message, p: dict[str, Any]) -> None:
+    def _initialize(self, msg: Message, p: dict[str, Any], t: _params.Initialize) -> None:
         self.era = HANDSHAKE
-        version = negotiate(
-            p.get("protocolVersion") if isinstance(p.get("protocolVersion"), str) else None
-        )
+        version = negotiate(t.protocolVersion)
         self.protocol_version = version
-        caps = p.get("capabilities")
-        self.client_capabilities = caps if isinstance(caps, dict) else {}
-        info = p.get("clientInfo")
-        self.client_info = info if isinstance(info, dict) else {}
+        self.client_capabilities = t.capabilities or {}
+        self.client_info = t.clientInfo or {}
         result: dict[str, Any] = {
             "protocolVersion": version,
             "capabilities": SERVER_CAPABILITIES,
@@ -666,7 +786,7 @@ class Session:
         self.reply(request_id(msg), response(request_id(msg), result))
         self.initialize_answered = True
 
-    def _discover(self, msg: Message, p: dict[str, Any]) -> None:
+    def _discover(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         """2026-07-28: the session's aggregated capabilities and instructions."""
         if self.era is not MODERN:
             raise MethodNotFound(
@@ -676,17 +796,23 @@ class Session:
         result = discover_result(SERVER_CAPABILITIES, self.registry.instructions(), SERVER_INFO)
         self.reply(request_id(msg), response(request_id(msg), result))
 
-    def _listen(self, msg: Message, p: dict[str, Any]) -> None:
+    def _listen(self, msg: Message, p: dict[str, Any], t: _params.Listen) -> None:
         """2026-07-28: a stream carrying this session's list_changed and resources/updated.
 
-        Acknowledged at once; answered only when it ends (the session closes). The client ends
-        it with notifications/cancelled naming it. Resource URIs count as subscriptions (P6).
+        Acknowledged at once; answered only when it ends (the session closing answers it with
+        SESSION_CLOSING). The client ends it with notifications/cancelled naming it, and gets
+        no answer then. Resource URIs count as subscriptions (P6). Never part of a batch.
         """
         if self.era is not MODERN:
             raise MethodNotFound(
                 "subscriptions/listen",
                 "subscriptions/listen belongs to protocol 2026-07-28; this session used "
                 "initialize (use resources/subscribe and the notifications it sends)",
+            )
+        if self._batch is not None:
+            raise InvalidRequest(
+                "subscriptions/listen cannot be part of a batch: its answer comes only when "
+                "the stream ends, and the batch would wait for it"
             )
         honored = honored_filter(p.get("notifications"))
         listen_id = request_id(msg)
@@ -710,13 +836,13 @@ class Session:
         for uri in listen.uris - held:
             self._let_go_uri(uri)
 
-    def _ping(self, msg: Message, p: dict[str, Any]) -> None:
+    def _ping(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         self.send_result(msg, {})
 
-    def _list(self, msg: Message, p: dict[str, Any], kind: str, field: str) -> None:
+    def _list(self, msg: Message, t: _params.ListPage, kind: str, field: str) -> None:
         gen = self.registry
         items: tuple[dict[str, Any], ...] = getattr(gen, kind)
-        cursor = p.get("cursor")
+        cursor = t.cursor
         offset = _offset(cursor) if cursor is not None else 0
         modern = self.era is MODERN
         # The first page is encoded once per generation and era (a modern one carries more).
@@ -740,22 +866,22 @@ class Session:
         rid = request_id(msg)
         self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(encoded))) + b"\n")
 
-    def _tools_list(self, msg: Message, p: dict[str, Any]) -> None:
-        self._list(msg, p, "tools", "tools")
+    def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "tools", "tools")
 
-    def _prompts_list(self, msg: Message, p: dict[str, Any]) -> None:
-        self._list(msg, p, "prompts", "prompts")
+    def _prompts_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "prompts", "prompts")
 
-    def _resources_list(self, msg: Message, p: dict[str, Any]) -> None:
-        self._list(msg, p, "resources", "resources")
+    def _resources_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "resources", "resources")
 
-    def _templates_list(self, msg: Message, p: dict[str, Any]) -> None:
-        self._list(msg, p, "resource_templates", "resourceTemplates")
+    def _templates_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "resource_templates", "resourceTemplates")
 
-    def _tools_call(self, msg: Message, p: dict[str, Any]) -> None:
+    def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
         gen = self.registry
-        name = p.get("name")
-        route = gen.tool_route(name) if isinstance(name, str) else None
+        name = t.name
+        route = gen.tool_route(name)
         if route is None:
             # A tool error, as the SDKs' own servers answer it: the model sees the text and can
             # pick another tool (a JSON-RPC error would surface as a client failure instead).
@@ -773,11 +899,11 @@ class Session:
             )
             return
         p["name"] = route.upstream_name
-        self._forward(msg, route.view, "tools/call", p)
+        self._forward(msg, route.view, "tools/call", p, t.meta)
 
-    def _prompts_get(self, msg: Message, p: dict[str, Any]) -> None:
-        name = p.get("name")
-        route = self.registry.prompt_route(name) if isinstance(name, str) else None
+    def _prompts_get(self, msg: Message, p: dict[str, Any], t: _params.PromptsGet) -> None:
+        name = t.name
+        route = self.registry.prompt_route(name)
         if route is None:
             raise InvalidParams(
                 f"unknown prompt: {name}: no server of this session exposes it",
@@ -785,17 +911,16 @@ class Session:
                 prompt=name,
             )
         p["name"] = route.upstream_name
-        self._forward(msg, route.view, "prompts/get", p)
+        self._forward(msg, route.view, "prompts/get", p, t.meta)
 
-    def _resource_view(self, uri: Any) -> SessionView:
+    def _resource_view(self, uri: str) -> SessionView:
         gen = self.registry
-        if isinstance(uri, str):
-            view = gen.resource_view(uri)
-            if view is not None:
-                return view
-            with_resources = [v for v in gen.views if "resources" in v.projection().capabilities]
-            if len(with_resources) == 1:
-                return with_resources[0]
+        view = gen.resource_view(uri)
+        if view is not None:
+            return view
+        with_resources = [v for v in gen.views if "resources" in v.projection().capabilities]
+        if len(with_resources) == 1:
+            return with_resources[0]
         raise McpoolError(
             f"no server of this session listed the resource {uri}",
             message="Resource not found",
@@ -804,32 +929,28 @@ class Session:
             uri=uri,
         )
 
-    def _resources_read(self, msg: Message, p: dict[str, Any]) -> None:
-        self._forward(msg, self._resource_view(p.get("uri")), "resources/read", p)
+    def _resources_read(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
+        self._forward(msg, self._resource_view(t.uri), "resources/read", p, t.meta)
 
-    def _subscribe(self, msg: Message, p: dict[str, Any]) -> None:
+    def _subscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
         """P6: the upstream is subscribed once per URI, however many sessions ask."""
-        uri = p.get("uri")
-        if not isinstance(uri, str):
-            raise InvalidParams("resources/subscribe needs a uri")
+        uri = t.uri
         view = self._resource_view(uri)
         assert view.handle is not None
         self.subscriptions.add(uri)
         if view.handle.entry.subscribe(view.handle, uri):
-            self._forward(msg, view, "resources/subscribe", p)
+            self._forward(msg, view, "resources/subscribe", p, t.meta)
         else:
             self.send_result(msg, {})
 
-    def _unsubscribe(self, msg: Message, p: dict[str, Any]) -> None:
-        uri = p.get("uri")
-        if not isinstance(uri, str):
-            raise InvalidParams("resources/unsubscribe needs a uri")
+    def _unsubscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
+        uri = t.uri
         view = self._resource_view(uri)
         assert view.handle is not None
         self.subscriptions.discard(uri)
         was_subscribed = uri in view.handle.subscriptions
         if was_subscribed and view.handle.entry.unsubscribe(view.handle, uri):
-            self._forward(msg, view, "resources/unsubscribe", p)
+            self._forward(msg, view, "resources/unsubscribe", p, t.meta)
         else:
             self.send_result(msg, {})
 
@@ -865,24 +986,23 @@ class Session:
                 "resources/unsubscribe", _encoder.encode({"uri": uri}), _ignore_reply
             )
 
-    def _complete(self, msg: Message, p: dict[str, Any]) -> None:
-        ref = p.get("ref")
-        if not isinstance(ref, dict):
-            raise InvalidParams("completion/complete needs a ref object")
-        if ref.get("type") == "ref/prompt":
-            route: Route | None = self.registry.prompt_route(str(ref.get("name")))
+    def _complete(self, msg: Message, p: dict[str, Any], t: _params.Complete) -> None:
+        ref = t.ref
+        if isinstance(ref, _params.PromptRef):
+            route: Route | None = self.registry.prompt_route(ref.name)
             if route is None:
                 raise InvalidParams(
-                    f"unknown prompt: {ref.get('name')}: no server of this session exposes it",
-                    prompt=ref.get("name"),
+                    f"unknown prompt: {ref.name}: no server of this session exposes it",
+                    prompt=ref.name,
                 )
-            p["ref"] = {**ref, "name": route.upstream_name}
-            self._forward(msg, route.view, "completion/complete", p)
+            p["ref"] = {**p["ref"], "name": route.upstream_name}
+            self._forward(msg, route.view, "completion/complete", p, t.meta)
         else:
-            self._forward(msg, self._resource_view(ref.get("uri")), "completion/complete", p)
+            view = self._resource_view(ref.uri)
+            self._forward(msg, view, "completion/complete", p, t.meta)
 
-    def _set_level(self, msg: Message, p: dict[str, Any]) -> None:
-        level = p.get("level")
+    def _set_level(self, msg: Message, p: dict[str, Any], t: _params.SetLevel) -> None:
+        level = t.level
         if level not in LOG_LEVELS:
             raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
         self.log_level = level
@@ -910,7 +1030,12 @@ class Session:
                 )
 
     def _forward(
-        self, msg: Message, view: SessionView, method: str, params: dict[str, Any]
+        self,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
     ) -> None:
         handle = view.handle
         assert handle is not None
@@ -925,10 +1050,9 @@ class Session:
             )
         client_id = msg.id
         flight = _InFlight(self, client_id, handle, upstream)
-        meta = params.get("_meta")
-        if isinstance(meta, dict) and "progressToken" in meta:
-            flight.progress = entry.register_progress(handle, meta["progressToken"])
-            params["_meta"] = {**meta, "progressToken": flight.progress}
+        if meta is not None and meta.progressToken is not UNSET:
+            flight.progress = entry.register_progress(handle, meta.progressToken)
+            params["_meta"] = {**params["_meta"], "progressToken": flight.progress}
         session_modern = self.era is MODERN
         if upstream.era == MODERN:
             # What the upstream may ask this client for: a modern client answers an
@@ -944,37 +1068,48 @@ class Session:
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
-        except McpoolError:
-            flight.finish()
+        except BaseException:
+            flight.finish()  # whatever failed, the request is not in flight
             raise
 
     # -- from upstreams ------------------------------------------------------------------------
+
+    # These run in the upstream's reader task, which every session of that server shares:
+    # what the upstream sent is typed first (a malformed notification is dropped), and an
+    # unexpected failure closes this session only (`_fault`), never the reader.
 
     def upstream_notification(
         self, view: SessionView, method: str, params: Raw | UnsetType
     ) -> None:
         if self.closed or not self.initialize_answered:
             return
+        try:
+            self._upstream_notification(view, method, params)
+        except McpoolError as exc:
+            self._drop(f"a malformed {method} from server '{view.name}'", exc.reason)
+        except Exception as exc:
+            self._fault(f"{method} from server '{view.name}'", exc)
+
+    def _upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None:
         if method == "notifications/cancelled":
             # The upstream gave up on a request it sent this client: pass that on (P5).
-            try:
-                rid = decode_params(params).get("requestId")
-            except McpoolError:
-                return
+            c = _params.cancelled(params)
             handle_upstream = view.handle.entry.upstream if view.handle else None
             for did, relay in list(self.relayed.items()):
-                if relay.upstream is handle_upstream and relay.upstream_id == rid:
+                if relay.upstream is handle_upstream and relay.upstream_id == c.requestId:
                     del self.relayed[did]
-                    self.send(notification(method, {**decode_params(params), "requestId": did}))
+                    out: dict[str, Any] = {"requestId": did}
+                    if c.reason is not None:
+                        out["reason"] = c.reason
+                    self.send(notification(method, out))
             return
         if method == "notifications/message":
             if self.era is MODERN and self.log_level is None:
                 return  # 2026-07-28: no log messages unless a request asked for a level
             if self.log_level is not None:
-                try:
-                    level = decode_params(params).get("level")
-                except McpoolError:
-                    level = None
+                level = _params.log_message(params).level
                 if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(
                     self.log_level
                 ):
@@ -983,13 +1118,11 @@ class Session:
         elif method == "notifications/progress":
             self.send(notification(method, params))
         elif method == "notifications/resources/updated":
-            try:
-                p = decode_params(params)
-            except McpoolError:
-                return
-            uri = p.get("uri")
-            meta = p.get("_meta")
-            if isinstance(meta, dict) and META_SUBSCRIPTION_ID in meta:
+            updated = _params.resource_updated(params)  # the uri is a string from here on
+            p = decode_params(params)
+            uri = updated.uri
+            meta = updated.meta
+            if meta is not None and META_SUBSCRIPTION_ID in meta:
                 # A modern upstream's frame names mcpool's listen stream: never the client's.
                 meta = {k: v for k, v in meta.items() if k != META_SUBSCRIPTION_ID}
                 p = {k: v for k, v in p.items() if k != "_meta"} | ({"_meta": meta} if meta else {})
@@ -998,7 +1131,7 @@ class Session:
                 if uri in self.subscriptions:
                     self.send(notification(method, p if params is UNSET else params))
                 return
-            rest = meta if isinstance(meta, dict) else {}
+            rest = meta or {}
             for listen_id, listen in self.listens.items():
                 if uri in listen.uris:
                     stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
@@ -1006,6 +1139,15 @@ class Session:
 
     def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""
+        try:
+            return self._server_request(upstream, msg)
+        except McpoolError as exc:
+            return f"malformed {msg.method}: {exc.reason}"
+        except Exception as exc:
+            self._fault(f"{msg.method} from server '{view.name}'", exc)
+            return f"mcpool failed to relay {msg.method} (an internal error; see the daemon log)"
+
+    def _server_request(self, upstream: Upstream, msg: Message) -> str | None:
         method = msg.method if isinstance(msg.method, str) else ""
         if self.era is MODERN:
             return (
@@ -1017,46 +1159,55 @@ class Session:
             return f"the session does not support {method} (no {capability} capability)"
         if not self.initialized or self.closed:
             return f"the session cannot take {method} now (handshake not complete)"
+        meta = _params.relayed_request(msg.params).meta
+        token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
         downstream_id = f"mcpool-{next(self._relay_ids)}"
-        token = None
-        if msg.params is not UNSET:
-            try:
-                meta = decode_params(msg.params).get("_meta")
-            except McpoolError:
-                meta = None
-            if isinstance(meta, dict):
-                token = meta.get("progressToken")
         self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
         # Params are relayed byte for byte (omitted when the upstream sent none).
         self.send(encode(Request("2.0", downstream_id, method, msg.params)))
         return None
 
     def _client_response(self, msg: Message) -> None:
+        """A client's answer to a relayed request: to the upstream that asked, once it is a
+        well-formed answer; one to a request never sent (or already answered) is dropped."""
         relay = self.relayed.pop(msg.id, None) if isinstance(msg.id, str) else None
-        if relay is not None:
-            relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
+        if relay is None:
+            self._drop("a response to no request", f"no relayed request has id {msg.id!r}")
+            return
+        wrong = _params.malformed_answer(msg.result, msg.error)
+        if wrong is not None:
+            # The upstream still gets an answer: it must not wait forever for this one.
+            relay.upstream.respond_error(
+                relay.upstream_id,
+                INVALID_REQUEST,
+                "the client's answer was malformed",
+                {"reason": wrong, "session": self.id},
+            )
+            self._drop("a malformed answer to a relayed request", wrong)
+            return
+        relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
 
 
 def _ignore_reply(msg: Message) -> None:
     pass
 
 
-_HANDLERS: dict[str, Callable[[Session, Message, dict[str, Any]], None]] = {
-    "initialize": Session._initialize,
-    "server/discover": Session._discover,
-    "subscriptions/listen": Session._listen,
-    "ping": Session._ping,
-    "tools/list": Session._tools_list,
-    "tools/call": Session._tools_call,
-    "prompts/list": Session._prompts_list,
-    "prompts/get": Session._prompts_get,
-    "resources/list": Session._resources_list,
-    "resources/templates/list": Session._templates_list,
-    "resources/read": Session._resources_read,
-    "resources/subscribe": Session._subscribe,
-    "resources/unsubscribe": Session._unsubscribe,
-    "completion/complete": Session._complete,
-    "logging/setLevel": Session._set_level,
+_HANDLERS: dict[str, tuple[Callable[[Session, Message, dict[str, Any], Any], None], type]] = {
+    "initialize": (Session._initialize, _params.Initialize),
+    "server/discover": (Session._discover, _params.Plain),
+    "subscriptions/listen": (Session._listen, _params.Listen),
+    "ping": (Session._ping, _params.Plain),
+    "tools/list": (Session._tools_list, _params.ListPage),
+    "tools/call": (Session._tools_call, _params.ToolsCall),
+    "prompts/list": (Session._prompts_list, _params.ListPage),
+    "prompts/get": (Session._prompts_get, _params.PromptsGet),
+    "resources/list": (Session._resources_list, _params.ListPage),
+    "resources/templates/list": (Session._templates_list, _params.ListPage),
+    "resources/read": (Session._resources_read, _params.ResourceUri),
+    "resources/subscribe": (Session._subscribe, _params.ResourceUri),
+    "resources/unsubscribe": (Session._unsubscribe, _params.ResourceUri),
+    "completion/complete": (Session._complete, _params.Complete),
+    "logging/setLevel": (Session._set_level, _params.SetLevel),
 }
 
 _session_ids = itertools.count(1)

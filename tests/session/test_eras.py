@@ -210,9 +210,18 @@ def test_resource_not_found_codes_cross_eras() -> None:
 
 
 def test_a_batch_answers_once_all_its_requests_are_answered() -> None:
-    batch = Batch([1, "b"])
-    assert batch.add("b", b'{"id":"b"}\n') is None
-    assert batch.add(1, b'{"id":1}\n') == b'[{"id":"b"},{"id":1}]\n'
+    batch = Batch(2)
+    assert batch.add(b'{"id":"b"}\n') is None
+    assert batch.add(b'{"id":1}\n') == b'[{"id":"b"},{"id":1}]\n'
+
+
+def test_a_batch_with_a_dropped_member_completes_and_an_all_dropped_one_sends_nothing() -> None:
+    batch = Batch(3)
+    assert batch.add(b'{"id":1}\n') is None
+    assert batch.drop() is None
+    assert batch.add(b'{"id":1}\n') == b'[{"id":1},{"id":1}]\n'  # a duplicate id counts too
+    empty = Batch(1)
+    assert empty.drop() is None
 
 
 # -- a Session serving both eras -----------------------------------------------------------------

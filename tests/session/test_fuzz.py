@@ -1,4 +1,5 @@
-"""Fuzzing policy-key normalization with hypothesis (issue 9; DESIGN policy-key table).
+"""Fuzzing policy-key normalization with hypothesis (issue 9; DESIGN policy-key table), and a
+session's message handling with hostile input (issue 12, at the end).
 
 The example-based rules live in test_policy.py; here they hold for arbitrary settings: a key is
 insensitive to order and duplicates in includeTools/excludeTools and to `foo(args)` spellings,
@@ -11,14 +12,21 @@ a loaded CI machine must not fail the run.
 
 from __future__ import annotations
 
+import collections
 import random
 from typing import Any
 
-from fakes import stdio
-from hypothesis import given, settings
+import hostile
+import msgspec
+import trio
+import trio.lowlevel
+import trio.testing
+from fakes import FakeNet, FakeServer, desired, make_pool, stdio, tool
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcpool.session import PolicyKey, normalize_include
+from mcpool.protocol import Message
+from mcpool.session import PolicyKey, Session, normalize_include
 
 _tool_names = st.text(
     st.characters(codec="ascii", categories=["L", "N"], include_characters="_-."),
@@ -146,3 +154,158 @@ def test_trust_stays_three_valued_and_always_load_two_valued(fields: dict[str, A
     assert _key(without_empty_exclude) == key
     if "includeTools" not in fields:
         assert _key({**fields, "includeTools": []}) != key  # absent allows all, [] allows none
+
+
+# -- hostile input through a real Session (issue 12) ---------------------------------------------
+
+_TOOLS, _PROMPTS, _URIS = ["srv__a", "srv__crash"], ["srv__greet"], ["res://1"]
+
+_upstream_steps = st.one_of(
+    st.tuples(
+        st.just("notify"),
+        st.sampled_from(
+            [
+                "notifications/message",
+                "notifications/progress",
+                "notifications/resources/updated",
+                "notifications/cancelled",
+                "notifications/tools/list_changed",
+                "notifications/whatever",
+            ]
+        ),
+        hostile.junk
+        | st.fixed_dictionaries(
+            {},
+            optional={
+                "uri": hostile.junk,
+                "level": hostile.junk,
+                "requestId": hostile.ids,
+                "progressToken": hostile.tokens,
+            },
+        ),
+    ),
+    st.tuples(
+        st.just("ask"),
+        st.sampled_from(["sampling/createMessage", "elicitation/create", "roots/list", "x/y"]),
+        hostile.junk | st.fixed_dictionaries({}, optional={"_meta": hostile.metas}),
+    ),
+    st.tuples(st.just("answer"), st.integers(0, 3), hostile.junk, st.booleans()),
+)
+_client_steps = st.tuples(st.just("client"), hostile.lines(_TOOLS, _PROMPTS, _URIS))
+
+
+class _RawWriter:
+    """The session's `out`, keeping the bytes as written (batch arrays stay arrays)."""
+
+    buffered = 0
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def wait_drained(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@settings(
+    deadline=None,
+    max_examples=150,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    handshake=st.booleans(),
+    early=st.lists(_client_steps, max_size=3),
+    script=st.lists(_client_steps | _upstream_steps, max_size=14),
+)
+async def test_hostile_input_never_raises_and_every_request_is_answered(
+    handshake: bool,
+    early: list[tuple[Any, ...]],
+    script: list[tuple[Any, ...]],
+) -> None:
+    """Whatever a client sends, and whatever its upstream sends meanwhile, the session never
+    raises, never faults, and answers every request exactly once (a cancelled one at most
+    once), each under the id it came with; a line that is not a message earns one error with
+    a null id. The example ends with the session closing, which answers what is left."""
+    sent: list[bytes] = []
+    logs: list[str] = []
+    async with trio.open_nursery() as nursery:
+        server = FakeServer(
+            [tool("a"), tool("crash")],
+            prompts=[{"name": "greet"}],
+            resources=[{"uri": "res://1", "name": "r"}],
+        )
+        server.capabilities["logging"] = {}
+        net = FakeNet(srv=server)
+        pool = make_pool(nursery, net)
+        out = _RawWriter()
+        session = Session("s1", name="fuzz", cwd=None, pool=pool, out=out, log=logs.append)
+        session.spawn = nursery.start_soon
+        for _, line in early:  # before the session's first generation: the backlog
+            sent.append(line)
+            session.handle_line(line)
+        await session.apply_settings({"srv": desired("srv", stdio())}, 1)
+        if handshake:
+            for line in (INITIALIZE_LINE, INITIALIZED_LINE):
+                session.handle_line(line)
+        upstream = server.current
+        for step in script:
+            if step[0] == "client":
+                sent.append(step[1])
+                session.handle_line(step[1])
+            elif step[0] == "notify":
+                upstream.events.on_notification(step[1], msgspec.Raw(hostile.encode(step[2])))
+            elif step[0] == "ask":
+                ask = Message(
+                    jsonrpc="2.0", id=7, method=step[1], params=msgspec.Raw(hostile.encode(step[2]))
+                )
+                upstream.events.on_server_request(upstream, ask)  # type: ignore[arg-type]
+            else:
+                pending = sorted(upstream._pending)
+                if pending:
+                    uid = pending[step[1] % len(pending)]
+                    payload = msgspec.Raw(hostile.encode(step[2]))
+                    reply = upstream._pending.pop(uid)
+                    if step[3]:
+                        reply(Message(jsonrpc="2.0", id=uid, error=payload))
+                    else:
+                        reply(Message(jsonrpc="2.0", id=uid, result=payload))
+        for uid in sorted(upstream._pending):
+            if uid in upstream._pending:
+                upstream.reply(uid, {"content": []})
+        await trio.testing.wait_all_tasks_blocked()
+        faulted = session.closed
+        session.close("the example is over")
+        nursery.cancel_scope.cancel()
+    assert not faulted, (session.close_reason, logs)
+    assert not [entry for entry in logs if "internal error" in entry], logs
+    want: collections.Counter[Any] = collections.Counter()
+    nulls, cancelled = 0, set()
+    for line in sent:
+        w, n, c = hostile.expected_answers(line)
+        want += w
+        nulls += n
+        cancelled |= c
+    answers = hostile.answers_in(bytes(out.data))
+    if handshake:
+        answers = [a for a in answers if a.get("id") != INITIALIZE_ID]
+    got = collections.Counter(hostile.key(a["id"]) for a in answers if a["id"] is not None)
+    assert sum(1 for a in answers if a["id"] is None) == nulls, answers
+    for key in set(want) | set(got):
+        if key in cancelled:
+            assert got[key] <= want[key], (key, answers)
+        else:
+            assert got[key] == want[key], (key, want, answers)
+
+
+INITIALIZE_ID = "fuzz-init"
+INITIALIZE_LINE = hostile.encode(
+    {
+        "jsonrpc": "2.0",
+        "id": INITIALIZE_ID,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-03-26", "capabilities": {"sampling": {}}},
+    }
+)
+INITIALIZED_LINE = hostile.encode({"jsonrpc": "2.0", "method": "notifications/initialized"})
