@@ -67,6 +67,19 @@ class SetServerParams(Struct, frozen=True):
     entry: dict[str, Any]  # one server's settings, validated by the settings parser
 
 
+class AttachParams(Struct, frozen=True, rename="camel"):
+    """`mcpool/attach`, a bridge's first message (daemon/_attach.py builds it)."""
+
+    sources: list[str] = []  # settings files, absolute paths
+    cwd: str | None = None
+    name: str = "session"  # an empty one (a client started in /) is "session" too
+    handoff: bool = False  # the client's stdin and stdout came with the message (SCM_RIGHTS)
+    # The values of the variables its settings reference (daemon/_expand.py).
+    env: dict[str, str] = {}
+    # `mcpool attach --max-name-length N` (session/_names.py holds it to a sane range).
+    max_name_length: Annotated[int, Meta(ge=1, le=1024)] | None = None
+
+
 class Command(Struct, frozen=True):
     params: type[Struct]
     handler: str  # `Daemon._admin_<handler>`
@@ -138,6 +151,7 @@ __all__ = [
     "PREFIX",
     "TEST_COMMANDS",
     "TEST_HOOKS_ENV",
+    "AttachParams",
     "Command",
     "ExplainParams",
     "LogsParams",

@@ -89,6 +89,8 @@ from mcpool.session import (
     new_session_id,
     normalize_include,
     request_id,
+    seen_as,
+    user_name_forms,
 )
 
 from . import _admin, _paths
@@ -104,6 +106,9 @@ from ._settings import (
 )
 from ._watch import SettingsWatcher
 
+# The attach request decodes through the admin boundary's typed decoder (no handler: the
+# connection code opens the session itself).
+_ATTACH = _admin.Command(_admin.AttachParams, "attach")
 LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
 GC_GEN0_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
@@ -680,29 +685,19 @@ class Daemon:
         handoff = False
         if first.method == "mcpool/attach":
             try:
-                params = msgspec.json.decode(first.params) if first.params is not UNSET else {}
-                if not isinstance(params, dict):
-                    raise ValueError("params must be an object")
-                # abspath is string work on absolute paths (the bridge sends them): no I/O.
-                sources = [os.path.abspath(str(p)) for p in params.get("sources") or []]
-                cwd = params.get("cwd")
-                name = str(params.get("name") or "session")
-                handoff = params.get("handoff") is True and _usable_stdio(handed)
-                # The values of the variables its settings reference (daemon/_expand.py).
-                env = msgspec.convert(params.get("env") or {}, dict[str, str])
-            except (ValueError, TypeError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                params = _admin.decode_params(_ATTACH, first.params)
+            except McpoolError as exc:
                 with contextlib.suppress(WriterClosed):  # a caller that left needs no answer
-                    writer.write(
-                        error_response(
-                            request_id(first),
-                            INVALID_PARAMS,
-                            "Invalid attach",
-                            {"reason": str(exc)},
-                        )
-                    )
+                    writer.write(self._error_line(request_id(first), exc))
                 return None
+            # abspath is string work on absolute paths (the bridge sends them): no I/O.
+            sources = [os.path.abspath(p) for p in params.sources]
+            cwd, name, env = params.cwd, params.name or "session", params.env
+            handoff = params.handoff and _usable_stdio(handed)
+            explicit_budget = params.max_name_length
         else:
             sources, cwd, name, env = [self.config_path], None, "socket", None
+            explicit_budget = None
         in_fd, out = fd, writer
         if handoff:
             in_fd, out_fd = handed
@@ -719,9 +714,10 @@ class Daemon:
             name=name,
             sources=sources,
             peer=peer_pid,
-            cwd=cwd if isinstance(cwd, str) else None,
+            cwd=cwd,
             via=via,
             env=env,
+            max_name_length=explicit_budget,
         )
         if handoff:
             # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a
@@ -828,6 +824,7 @@ class Daemon:
         cwd: str | None = None,
         via: str = "socket",
         env: dict[str, str] | None = None,
+        max_name_length: int | None = None,
     ) -> _SessionState:
         """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
         assert self.pool is not None
@@ -841,6 +838,7 @@ class Daemon:
             log=lambda text: self.log("warning", text),
             attached_at=time.time(),
         )
+        session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
         state = _SessionState(session, sources, via, env)
         self.sessions[session.id] = state
         self.watcher.watch(self.watched_files())
@@ -1243,14 +1241,19 @@ class Daemon:
         if not query:
             raise McpoolError("a tool or prompt name is required", code=INVALID_PARAMS)
         session = st.session
+        # The name as the user saw it in a client may carry that client's prefix
+        # (mcp__mcpool__..., mcp_mcpool_..., Codex's dashes folded): every form is tried.
+        forms = user_name_forms(query)
         matches: list[dict[str, Any]] = []
         for server, view in session.views.items():
             if view.handle is None:
                 continue
             entry = view.handle.entry
             for kind, upstream in self._explain_items(entry.snapshot):
-                exposed = exposed_name(server, upstream, prefix=view.prefix)
-                if query not in (upstream, exposed):
+                exposed = exposed_name(
+                    server, upstream, prefix=view.prefix, budget=session.name_budget
+                )
+                if not (seen_as(forms, upstream) or seen_as(forms, exposed)):
                     continue
                 visible, rule, filt = self._explain_visibility(session, view, kind, upstream)
                 seen_by: list[dict[str, Any]] = []
@@ -1268,7 +1271,12 @@ class Daemon:
                         "entry": other_view.handle.lifecycle_id if other_view.handle else None,
                     }
                     if o_visible:
-                        o_exposed = exposed_name(server, upstream, prefix=other_view.prefix)
+                        o_exposed = exposed_name(
+                            server,
+                            upstream,
+                            prefix=other_view.prefix,
+                            budget=other.session.name_budget,
+                        )
                         seen_by.append({**who, "exposed": o_exposed})
                     else:
                         hidden_from.append({**who, "rule": o_rule})
@@ -1293,7 +1301,10 @@ class Daemon:
         if not matches:
             for entry in self.pool.entries():
                 for kind, upstream in self._explain_items(entry.snapshot):
-                    if query not in (upstream, exposed_name(entry.name, upstream)):
+                    if not (
+                        seen_as(forms, upstream)
+                        or seen_as(forms, exposed_name(entry.name, upstream))
+                    ):
                         continue
                     elsewhere.append(
                         {
@@ -1327,7 +1338,9 @@ class Daemon:
         if not allowed:
             return False, rule, filt
         routes = session.registry.tool_routes if kind == "tool" else session.registry.prompt_routes
-        route = routes.get(exposed_name(view.name, upstream, prefix=view.prefix))
+        route = routes.get(
+            exposed_name(view.name, upstream, prefix=view.prefix, budget=session.name_budget)
+        )
         if route is not None and route.view is view and route.upstream_name == upstream:
             return True, rule, filt
         entry = view.handle.entry if view.handle is not None else None

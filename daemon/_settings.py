@@ -50,6 +50,8 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # Seconds each request to an upstream may take when its entry sets no `timeout`
     # (gemini-cli's 10 minutes for a tool call); then the caller gets an error naming the server.
     request_timeout: Annotated[float, msgspec.Meta(gt=0)] = 600.0
+    # The longest exposed tool name for every session (session/_names.py); None: per client.
+    max_name_length: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

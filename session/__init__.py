@@ -1,6 +1,6 @@
 """mcpool.session: per-session views, registry generations, routing and reconciliation."""
 
-from ._names import MAX_NAME, exposed_name
+from ._names import MAX_NAME, exposed_name, name_budget, seen_as, user_name_forms
 from ._policy import PolicyKey, normalize_include
 from ._reconcile import Action, ActionKind, Desired, Held, reconcile
 from ._registry import (
@@ -32,9 +32,12 @@ __all__ = [
     "build_candidate",
     "empty_generation",
     "exposed_name",
+    "name_budget",
     "new_session_id",
     "normalize_include",
     "project",
     "reconcile",
     "request_id",
+    "seen_as",
+    "user_name_forms",
 ]

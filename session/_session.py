@@ -104,6 +104,7 @@ from ._eras import (
     translate_error,
     translate_result,
 )
+from ._names import MAX_NAME, name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
 from ._registry import (
     LIST_KINDS,
@@ -281,6 +282,7 @@ class Session:
     __slots__ = (
         "_backlog",
         "_batch",
+        "_budget_settings",
         "_dirty",
         "_dropped",
         "_log",
@@ -304,6 +306,7 @@ class Session:
         "listens",
         "log_level",
         "name",
+        "name_budget",
         "notifications_sent",
         "on_close",
         "out",
@@ -341,6 +344,10 @@ class Session:
         self._log = log or (lambda _msg: None)
         self.attached_at = attached_at
         self.views: dict[str, SessionView] = {}
+        # The longest exposed name this session's client takes (session/_names.py): decided by
+        # `set_name_budget` and again when the client says who it is.
+        self.name_budget = MAX_NAME
+        self._budget_settings: tuple[int | None, int | None] = (None, None)
         self.registry: RegistryGeneration = empty_generation()
         self._signature: tuple[Any, ...] = ()
         self.ready = False
@@ -445,6 +452,23 @@ class Session:
             self._dirty = False
             self.rebuild()
         return report
+
+    def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
+        """`mcpool attach --max-name-length` and the daemon's `maxNameLength`; without either,
+        the client's `clientInfo.name` decides (a known client's prefix and cap)."""
+        self._budget_settings = (explicit, configured)
+        self._update_name_budget()
+
+    def _update_name_budget(self) -> None:
+        explicit, configured = self._budget_settings
+        client = self.client_info.get("name")
+        budget = name_budget(
+            client if isinstance(client, str) else None, explicit=explicit, configured=configured
+        )
+        if budget != self.name_budget:
+            self.name_budget = budget
+            if self.ready:
+                self.views_changed()  # every exposed name is projected again under the budget
 
     def release_all(self) -> None:
         for view in self.views.values():
@@ -727,8 +751,9 @@ class Session:
             env = check_envelope(p)
         self.protocol_version = env.version
         self.client_capabilities = env.capabilities
-        if env.client_info is not None:
+        if env.client_info is not None and env.client_info != self.client_info:
             self.client_info = env.client_info
+            self._update_name_budget()
         if env.log_level != self.log_level:
             # Logging is opted into per request in this era; no level means no log messages.
             self.log_level = env.log_level
@@ -775,6 +800,9 @@ class Session:
         self.protocol_version = version
         self.client_capabilities = t.capabilities or {}
         self.client_info = t.clientInfo or {}
+        # Before the answer: the client's first tools/list must already fit its name limit (and
+        # nothing is notified, as the handshake is not complete yet).
+        self._update_name_budget()
         result: dict[str, Any] = {
             "protocolVersion": version,
             "capabilities": SERVER_CAPABILITIES,

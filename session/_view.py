@@ -19,7 +19,7 @@ from msgspec import Raw, UnsetType
 from mcpool.pool import Handle, PoolEntry, Snapshot
 from mcpool.protocol import Message
 
-from ._names import exposed_name
+from ._names import MAX_NAME, exposed_name
 from ._policy import PolicyKey
 
 if TYPE_CHECKING:
@@ -45,11 +45,18 @@ class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
 # Keyed by the entry object, not its lifecycle id: one key outlives many entries, and a
 # replacement entry numbers its snapshots from 1 again, so (lifecycle id, generation) can name two
 # different snapshots. The key holds the entry only while some projection of it is alive.
-_ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool]
+_ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool, int]
 _cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
 
 
-def project(snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = True) -> Projection:
+def project(
+    snapshot: Snapshot,
+    key: PolicyKey,
+    server: str,
+    *,
+    prefix: bool = True,
+    budget: int = MAX_NAME,
+) -> Projection:
     """Pure: filter by the policy and clone each visible tool with its exposed name and _meta."""
     tools: list[tuple[str, str, dict[str, Any]]] = []
     hidden: list[str] = []
@@ -67,14 +74,14 @@ def project(snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = T
         if key.always_load:
             meta["anthropic/alwaysLoad"] = True
             meta["mcpool/alwaysLoad"] = True
-        exposed = exposed_name(server, upstream, prefix=prefix)
+        exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         tools.append((exposed, upstream, {**tool, "name": exposed, "_meta": meta}))
     prompts: list[tuple[str, str, dict[str, Any]]] = []
     for prompt in snapshot.prompts:
         upstream = prompt.get("name")
         if not isinstance(upstream, str) or not key.allows(upstream):
             continue
-        exposed = exposed_name(server, upstream, prefix=prefix)
+        exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         prompts.append((exposed, upstream, {**prompt, "name": exposed}))
     return Projection(
         generation=snapshot.generation,
@@ -90,12 +97,17 @@ def project(snapshot: Snapshot, key: PolicyKey, server: str, *, prefix: bool = T
 
 
 def shared_projection(
-    entry: PoolEntry, snapshot: Snapshot, key: PolicyKey, server: str, prefix: bool
+    entry: PoolEntry,
+    snapshot: Snapshot,
+    key: PolicyKey,
+    server: str,
+    prefix: bool,
+    budget: int = MAX_NAME,
 ) -> Projection:
-    cache_key = (entry, snapshot.generation, key, server, prefix)
+    cache_key = (entry, snapshot.generation, key, server, prefix, budget)
     found = _cache.get(cache_key)
     if found is None:
-        found = project(snapshot, key, server, prefix=prefix)
+        found = project(snapshot, key, server, prefix=prefix, budget=budget)
         _cache[cache_key] = found
     return found
 
@@ -118,7 +130,9 @@ class SessionView:
     def projection(self) -> Projection:
         assert self.handle is not None
         entry = self.handle.entry
-        return shared_projection(entry, entry.snapshot, self.key, self.name, self.prefix)
+        return shared_projection(
+            entry, entry.snapshot, self.key, self.name, self.prefix, self.session.name_budget
+        )
 
     def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:
         """R2: adopt a new policy; True when the canonical view changed (a replay is due)."""

@@ -292,6 +292,8 @@ def make_pool(nursery: trio.Nursery, net: FakeNet, **options: Any) -> Pool:
 class NoSession:
     """Stands in for `Session` where a view's callbacks are never expected to fire."""
 
+    name_budget = 64  # the default budget of a session whose client is not known
+
     def views_changed(self) -> None:
         raise AssertionError("no session listens here")
 
