@@ -43,7 +43,14 @@ import sys
 import time
 from pathlib import Path
 
-from mcpool.daemon._paths import config_path, daemon_log_path, socket_path
+from mcpool.daemon._paths import (
+    UnsafeSocketPath,
+    check_daemon_peer,
+    check_socket_path,
+    config_path,
+    daemon_log_path,
+    socket_path,
+)
 
 # `_socket`, not `socket`: the wrapper module pulls in selectors and enum tables, ~2 ms of every
 # client launch, for nothing this bridge uses.
@@ -180,12 +187,22 @@ def _run(opts: _Options) -> int:
 
 
 def _connect(path: Path) -> _socket.socket | None:
+    """A connection to our own daemon, or None when nobody listens. The folder, the socket file
+    and then the listener's uid are checked before anything is sent (X1)."""
+    try:
+        check_socket_path(path)
+    except UnsafeSocketPath as exc:
+        raise AttachError(str(exc)) from None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
+        check_daemon_peer(sock, path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except UnsafeSocketPath as exc:
+        sock.close()
+        raise AttachError(str(exc)) from None
     except OSError as exc:
         sock.close()
         raise AttachError(f"cannot connect to {path}: {exc.strerror or exc}") from None

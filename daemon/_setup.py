@@ -50,8 +50,19 @@ def client_file(client: str) -> Path:
     return base / "Claude" / "claude_desktop_config.json"
 
 
-def server_entry(client: str, command: list[str]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], "attach"]}
+def attach_socket(explicit: str | None = None) -> Path | None:
+    """The `--socket` the client's entry must name: None when a bridge the client launches finds
+    this user's daemon by itself. Clients drop most variables (MCPOOL_SOCKET, XDG_RUNTIME_DIR)
+    from a server's environment, so what counts is the path found without them."""
+    from mcpool.daemon._paths import client_socket_path, socket_path
+
+    wanted = socket_path(explicit)
+    return wanted if explicit or wanted != client_socket_path() else None
+
+
+def server_entry(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
+    attach = ["attach", "--socket", str(socket)] if socket else ["attach"]
+    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], *attach]}
     if client == "vscode":
         return {"type": "stdio", **entry}
     return entry
@@ -61,11 +72,13 @@ def servers_key(client: str) -> str:
     return "servers" if client == "vscode" else "mcpServers"
 
 
-def snippet(client: str, command: list[str]) -> dict[str, Any]:
-    return {servers_key(client): {SERVER_NAME: server_entry(client, command)}}
+def snippet(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
+    return {servers_key(client): {SERVER_NAME: server_entry(client, command, socket)}}
 
 
-def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path | None, list[str]]:
+def write_client_file(
+    path: Path, client: str, command: list[str], socket: Path | None = None
+) -> tuple[Path | None, list[str]]:
     """Merge the mcpool entry into `path`. Returns (backup path or None, other server names)."""
     document: dict[str, Any] = {}
     backup: Path | None = None
@@ -90,7 +103,7 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
         servers = document[key] = {}
     if not isinstance(servers, dict):
         raise SetupError(f"{path}: {key!r} is not an object")
-    servers[SERVER_NAME] = server_entry(client, command)
+    servers[SERVER_NAME] = server_entry(client, command, socket)
     atomic_write_json(path, document)
     return backup, sorted(name for name in servers if name != SERVER_NAME)
 
@@ -122,22 +135,34 @@ def setup_client_main(argv: list[str]) -> int:
     parser.add_argument("client", choices=CLIENTS)
     parser.add_argument("--write", action="store_true", help="edit the client's file (backed up)")
     parser.add_argument("--file", metavar="PATH", help="the client file to edit with --write")
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the daemon's socket (default: named in the entry only when a client-launched "
+        "bridge would not find it by itself)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     command = mcpool_command()
+    socket = attach_socket(args.socket)
+    if socket is not None:
+        sys.stderr.write(
+            f"the entry names --socket {socket}: a bridge would not find it without "
+            "MCPOOL_SOCKET or XDG_RUNTIME_DIR, which clients drop from its environment\n"
+        )
     if not args.write:
-        sys.stdout.write(json.dumps(snippet(args.client, command), indent=2) + "\n")
+        sys.stdout.write(json.dumps(snippet(args.client, command, socket), indent=2) + "\n")
         # Hints on stderr: stdout stays the JSON alone, ready to paste or pipe.
         if args.client == "claude-code":
-            shell = " ".join(command)
-            sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -- {shell} attach\n")
+            shell = " ".join(server_entry(args.client, command, socket)["args"])
+            sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -- {command[0]} {shell}\n")
         sys.stderr.write(f"`--write` adds it to {client_file(args.client)}\n")
         return 0
     path = Path(args.file).expanduser().absolute() if args.file else client_file(args.client)
     try:
-        backup, others = write_client_file(path, args.client, command)
+        backup, others = write_client_file(path, args.client, command, socket)
     except (SetupError, OSError) as exc:
         sys.stderr.write(f"mcpool setup-client: {exc}\n")
         return 1
