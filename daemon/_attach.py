@@ -188,7 +188,7 @@ def _run(opts: _Options) -> int:
 
 def _connect(path: Path) -> _socket.socket | None:
     """A connection to our own daemon, or None when nobody listens. The folder, the socket file
-    and then the listener's uid are checked before anything is sent (X1)."""
+    and then the listener's uid are checked before anything is sent (X3)."""
     try:
         check_socket_path(path)
     except UnsafeSocketPath as exc:

@@ -65,7 +65,7 @@ class AdminClient:
     def __init__(self, path: os.PathLike[str] | str, timeout: float = REQUEST_TIMEOUT) -> None:
         self.path = str(path)
         try:
-            # X1: the folder and socket are ours, and so is the listener, before we send a byte.
+            # X3: the folder and socket are ours, and so is the listener, before we send a byte.
             check_socket_path(Path(self.path))
         except UnsafeSocketPath as exc:
             raise CommandError(str(exc)) from None

@@ -1291,7 +1291,7 @@ def main(argv: list[str]) -> int:
     sock_path = str(_paths.socket_path(args.socket))
     config = str(_paths.config_path(args.config))
     try:
-        # X1: the folder is ours (created 0700 when missing) before the lock is taken in it.
+        # X3: the folder is ours (created 0700 when missing) before the lock is taken in it.
         _paths.prepare_socket_dir(Path(sock_path))
     except _paths.UnsafeSocketPath as exc:
         sys.stderr.write(f"mcpool daemon: {exc}\n")

@@ -1,7 +1,7 @@
 """The daemon's listening socket, kept reachable for the daemon's whole life.
 
 Theory of operation. `ListenSocket` binds the socket in a folder that passed the trust check
-(X1, `_paths.prepare_socket_dir`) and remembers the inode it bound. A tmp cleaner, a user's
+(X3, `_paths.prepare_socket_dir`) and remembers the inode it bound. A tmp cleaner, a user's
 `rm -r`, or a reinstall may remove the socket or its folder under a running daemon, which then
 keeps running, unreachable: every new bridge starts a second daemon. So `run` looks at the path
 every SOCKET_CHECK_INTERVAL (one `lstat`; an idle daemon wakes for nothing else) and, when the

@@ -4,7 +4,7 @@ Stdlib only: the attach bridge imports this on every client launch. XDG variable
 only when set to an absolute path, as the XDG Base Directory spec requires; an empty or relative
 value means "unset".
 
-Trust (X1). The socket's folder is used only when it is ours: a real folder (not a symlink),
+Trust (X1, X3). The socket's folder is used only when it is ours: a real folder (not a symlink),
 owned by our uid, with no access for group or others (0700). The daemon creates it 0700 when
 it is missing (the last component only: its parent, such as /tmp, may be shared); the socket
 file must be ours too; and a client checks the uid of the process it reached (SO_PEERCRED)

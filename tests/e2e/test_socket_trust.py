@@ -1,4 +1,4 @@
-"""X1, issue 12 item 3: a socket folder, socket file or listener of another user is never used.
+"""X3, issue 12 item 3: a socket folder, socket file or listener of another user is never used.
 
 Another local user who pre-creates the socket folder (0777, a symlink to their own folder, or a
 0700/0755 folder of theirs) and listens on `daemon.sock` there must get nothing from
