@@ -89,16 +89,25 @@ async def test_daemonctl_gets_in_at_the_open_file_limit(daemon_factory: DaemonFa
     limit = max(open_fds) + 1
     resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (limit, limit))
     async with AsyncExitStack() as stack:
-        for _ in range(limit - len(open_fds)):
+        # Counted again each time: an fd the daemon had open for a moment leaves a gap.
+        while len(os.listdir(fd_dir)) < limit:
             filler: RawSocketClient = await stack.enter_async_context(
                 raw_socket_client(daemon.sock)
             )
+            # Answered, so accepted: the daemon holds one more fd.
             assert "result" in await filler.request("mcpool/admin/status")
-        assert len(os.listdir(fd_dir)) == limit  # the daemon cannot open one more fd
         # Without a reserve the connection waits in the backlog and daemonctl times out.
-        for _ in range(2):  # and the reserve is taken back after the first
-            done = await run_daemonctl(daemon.sock, "status", "--json", env=daemon.env)
-            assert json.loads(done.stdout)["pid"] == daemon.pid
+        done = await run_daemonctl(daemon.sock, "status", "--json", env=daemon.env)
+        assert json.loads(done.stdout)["pid"] == daemon.pid
+        # The reserve is for admin calls: a session gets a clear refusal, not a half-open one.
+        async with raw_socket_client(daemon.sock) as late:
+            params = {"sources": [], "cwd": None, "name": "late"}
+            refused = await late.request("mcpool/attach", params)
+        assert refused["error"]["message"] == "The daemon is at its open-file limit", refused
+        assert f"RLIMIT_NOFILE is {limit}" in refused["error"]["data"]["reason"]
+        # Each time, the reserve was taken back when the connection ended.
+        done = await run_daemonctl(daemon.sock, "status", "--json", env=daemon.env)
+        assert json.loads(done.stdout)["pid"] == daemon.pid
     assert "the fd reserve lets one admin connection in" in daemon.log_path.read_text()
 
 
