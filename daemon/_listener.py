@@ -94,14 +94,14 @@ class ListenSocket:
         old_umask = os.umask(0o177)
         try:
             raw.bind(self.path)
+            found = os.lstat(self.path)
+            raw.listen(LISTEN_BACKLOG)
         except BaseException:
             raw.close()
             raise
         finally:
             os.umask(old_umask)
-        found = os.lstat(self.path)
         self._bound = (found.st_dev, found.st_ino)
-        raw.listen(LISTEN_BACKLOG)
         previous, self.listener = self.listener, trio.socket.from_stdlib_socket(raw)
         if previous is not None:
             previous.close()  # the accept loop moves to the new listener
@@ -130,7 +130,17 @@ class ListenSocket:
             state = socket_state(self._bound, _lstat(self.path))
             if state is SocketState.OURS:
                 continue
-            if not self._hold_lock():
+            try:
+                held = self._hold_lock()
+                if held:
+                    self.bind()
+            except (OSError, _paths.UnsafeSocketPath) as exc:
+                # Retried every interval; logged once per distinct problem, not every 3 s.
+                if str(exc) != self._last_problem:
+                    self._last_problem = str(exc)
+                    self.log("error", f"cannot re-create the socket {self.path}: {exc}")
+                continue
+            if not held:
                 self.log(
                     "warning",
                     f"the socket {self.path} was removed and another daemon now serves it; "
@@ -138,31 +148,21 @@ class ListenSocket:
                 )
                 stop("another daemon serves the socket")
                 return
-            try:
-                self.bind()
-            except (OSError, _paths.UnsafeSocketPath) as exc:
-                # Retried every interval; logged once per distinct problem, not every 3 s.
-                if str(exc) != self._last_problem:
-                    self._last_problem = str(exc)
-                    self.log("error", f"cannot re-create the socket {self.path}: {exc}")
-                continue
             self._last_problem = None
             what = "removed" if state is SocketState.GONE else "replaced"
             self.log("warning", f"the socket {self.path} was {what}; re-created it")
 
     def _hold_lock(self) -> bool:
         """Whether we (still, or again) hold the lock of this path, re-creating the folder and
-        taking a new lock file when the old one was removed with the folder."""
+        taking a new lock file when the old one was removed with the folder. Raises what stops
+        it from knowing (an unsafe folder, no fd left): the caller retries next interval."""
         if self.lock_fd is not None:
             held = os.fstat(self.lock_fd)
             found = _lstat(str(_paths.lock_path(Path(self.path))))
             if found is not None and (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino):
                 return True
-        try:
-            _paths.prepare_socket_dir(Path(self.path))
-            fd = take_lock(self.path)
-        except (OSError, _paths.UnsafeSocketPath):
-            return True  # bind() meets the same problem and logs it; retried next interval
+        _paths.prepare_socket_dir(Path(self.path))
+        fd = take_lock(self.path)
         if fd is None:
             return False
         if self.lock_fd is not None:

@@ -113,6 +113,33 @@ async def test_a_daemon_that_took_over_the_path_keeps_it(
         listen.close()
 
 
+async def test_an_unsafe_folder_in_its_place_is_never_used_and_reported_once(
+    sock_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    rec = Recorder()
+    listen = started(sock_dir, rec)
+    folder = sock_dir / "run"
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listen.run, rec.stop)
+            shutil.rmtree(folder)
+            folder.mkdir()
+            folder.chmod(0o777)  # what another user could have put there meanwhile
+            await trio.sleep(SOCKET_CHECK_INTERVAL * 5)
+            errors = [m for level, m in rec.lines if level == "error"]
+            assert len(errors) == 1, rec.lines  # once, not every interval
+            assert "mode 0777" in errors[0]
+            assert str(folder) in errors[0]
+            assert os.listdir(folder) == []  # no lock, no socket in it
+            folder.chmod(0o700)
+            await trio.sleep(SOCKET_CHECK_INTERVAL)
+            assert listen.is_ours()
+            assert rec.stopped == []
+            nursery.cancel_scope.cancel()
+    finally:
+        listen.close()
+
+
 def test_the_fd_reserve_frees_and_takes_back_its_fds() -> None:
     reserve = FdReserve(3)
     assert reserve.held == 3
