@@ -169,14 +169,14 @@ async def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProce
 
 
 async def attach_and_daemonctl(sock: Path, tmp_path: Path) -> list[str]:
-    """Run `mcpool attach` (stdin and stdout pipes: it would hand them over) and
-    `daemonctl status` on `sock`; both must fail; their stderr."""
+    """Run `mcpool attach` (stdin and stdout pipes: it would hand them over), `daemonctl
+    status` and `daemonctl start` on `sock`; each must fail; their stderr."""
     env = client_env(tmp_path)
     settings = write_settings(tmp_path / "settings.json", {"fake": fake_server()})
     attach = [sys.executable, "-m", "mcpool", "attach", "--socket", str(sock)]
     attach += ["--settings", str(settings), "--name", "victim"]
     outputs = []
-    for argv in (attach, daemonctl_argv(sock, "status")):
+    for argv in (attach, daemonctl_argv(sock, "status"), daemonctl_argv(sock, "start")):
         done = await run(argv, env)
         assert done.returncode == 1, (argv, done)
         assert done.stdout == b"", done.stdout
@@ -265,4 +265,4 @@ async def test_a_listener_of_another_uid_in_our_own_folder_gets_nothing(
         # Marker connection of impostor() goes to the socket's new place.
         os.rename(sock, theirs / "daemon.sock")
     # Each client connected, then hung up without a byte or an fd.
-    assert records == [{"received": "", "fds": 0}] * 2
+    assert records == [{"received": "", "fds": 0}] * 3
