@@ -43,7 +43,14 @@ import sys
 import time
 from pathlib import Path
 
-from mcpool.daemon._paths import config_path, daemon_log_path, socket_path
+from mcpool.daemon._paths import (
+    UnsafeSocketPath,
+    check_daemon_peer,
+    check_socket_path,
+    config_path,
+    daemon_log_path,
+    socket_path,
+)
 
 # `_socket`, not `socket`: the wrapper module pulls in selectors and enum tables, ~2 ms of every
 # client launch, for nothing this bridge uses.
@@ -74,7 +81,10 @@ READ_SIZE = 65536
 # While a losing daemon we started is still exiting, wake this often to reap it.
 REAP_INTERVAL_MS = 100
 
-USAGE = "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]\n"
+USAGE = (
+    "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]"
+    " [--max-name-length N]\n"
+)
 _BROKEN = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
@@ -93,6 +103,8 @@ class _Options:
         self.socket: str | None = None
         self.settings: list[str] = []
         self.name: str | None = None
+        # The longest exposed tool name this client takes (its own prefix counted).
+        self.max_name_length: int | None = None
 
 
 def _parse(args: list[str]) -> _Options | int:
@@ -104,7 +116,7 @@ def _parse(args: list[str]) -> _Options | int:
             sys.stdout.write(USAGE)
             return 0
         key, eq, value = arg.partition("=")
-        if key not in ("--socket", "--settings", "--name"):
+        if key not in ("--socket", "--settings", "--name", "--max-name-length"):
             return _usage_error(f"unrecognized argument {arg!r}")
         if not eq:
             i += 1
@@ -115,6 +127,10 @@ def _parse(args: list[str]) -> _Options | int:
             opts.socket = value
         elif key == "--settings":
             opts.settings.append(value)
+        elif key == "--max-name-length":
+            if not value.isdigit() or not 1 <= int(value) <= 1024:
+                return _usage_error(f"--max-name-length takes a whole number, got {value!r}")
+            opts.max_name_length = int(value)
         else:
             opts.name = value
         i += 1
@@ -190,6 +206,8 @@ def _run(opts: _Options) -> int:
         env = referenced_environment(sources)
         if env:
             params["env"] = env
+        if opts.max_name_length is not None:
+            params["maxNameLength"] = opts.max_name_length
         handoff = _can_hand_off(0, 1)
         if handoff:
             params["handoff"] = True
@@ -249,12 +267,22 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
 
 
 def _connect(path: Path) -> _socket.socket | None:
+    """A connection to our own daemon, or None when nobody listens. The folder, the socket file
+    and then the listener's uid are checked before anything is sent (X3)."""
+    try:
+        check_socket_path(path)
+    except UnsafeSocketPath as exc:
+        raise AttachError(str(exc)) from None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
+        check_daemon_peer(sock, path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except UnsafeSocketPath as exc:
+        sock.close()
+        raise AttachError(str(exc)) from None
     except OSError as exc:
         sock.close()
         raise AttachError(f"cannot connect to {path}: {exc.strerror or exc}") from None

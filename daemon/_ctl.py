@@ -18,9 +18,15 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcpool.daemon._paths import socket_path
+from mcpool.daemon._paths import (
+    UnsafeSocketPath,
+    check_daemon_peer,
+    check_socket_path,
+    socket_path,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,13 +67,22 @@ class AdminClient:
 
     def __init__(self, path: os.PathLike[str] | str, timeout: float = REQUEST_TIMEOUT) -> None:
         self.path = str(path)
+        try:
+            # X3: the folder and socket are ours, and so is the listener, before we send a byte.
+            check_socket_path(Path(self.path))
+        except UnsafeSocketPath as exc:
+            raise CommandError(str(exc)) from None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(self.path)
+            check_daemon_peer(self._sock, Path(self.path))
         except (FileNotFoundError, ConnectionRefusedError):
             self._sock.close()
             raise NoDaemonError(self.path) from None
+        except UnsafeSocketPath as exc:
+            self._sock.close()
+            raise CommandError(str(exc)) from None
         except OSError as exc:
             self._sock.close()
             raise CommandError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
@@ -337,8 +352,6 @@ def _cmd_explain(client: AdminClient, args: argparse.Namespace, as_json: bool) -
 
 def _cmd_start(path: os.PathLike[str] | str, as_json: bool) -> int:
     """Start a detached daemon (as `mcpool attach` would) unless one answers, and wait for it."""
-    from pathlib import Path
-
     from mcpool.daemon._attach import AttachError, connect_or_start
 
     began = time.monotonic()

@@ -36,7 +36,6 @@ import argparse
 import collections
 import contextlib
 import errno
-import fcntl
 import gc
 import os
 import select
@@ -95,6 +94,7 @@ from mcpool.session import (
 
 from . import _admin, _paths
 from ._expand import SelfLaunch, check_cwd, for_session, skip_message
+from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._settings import (
     DaemonOptions,
@@ -109,7 +109,6 @@ from ._watch import SettingsWatcher
 # The attach request decodes through the admin boundary's typed decoder (no handler: the
 # connection code opens the session itself).
 _ATTACH = _admin.Command(_admin.AttachParams, "attach")
-LISTEN_BACKLOG = 128
 LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
 GC_GEN0_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 KILL_REAP_BOUND = 1.0  # after the shutdown bound's SIGKILL, time to reap before exiting
@@ -184,6 +183,9 @@ class Daemon:
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
         self.http_bind: tuple[str, int, bool] | None = None
+        # main() gives it the flock it took for this socket; it may have to take a new one.
+        self.listen = ListenSocket(sock_path, None, self.log)
+        self.fd_reserve = FdReserve()
 
     # -- logging -------------------------------------------------------------------------------
 
@@ -412,9 +414,10 @@ class Daemon:
                     # Signals first: once the socket answers, SIGTERM or SIGINT is a stop (exit 0),
                     # never the default death or a KeyboardInterrupt in whichever task runs.
                     await conn_nursery.start(self._watch_signals)
-                    listener = self._listen()
+                    self.listen.bind()
                     self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
-                    conn_nursery.start_soon(self._accept_loop, listener)
+                    conn_nursery.start_soon(self._accept_loop)
+                    conn_nursery.start_soon(self.listen.run, self._stop_for)
                     conn_nursery.start_soon(self.bridges.run)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
@@ -423,7 +426,7 @@ class Daemon:
                     await self.stop_requested.wait()
                     self.log("info", "shutting down")
                     self.watcher.close()
-                    listener.close()
+                    self.listen.close()
                     with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
                         closing = list(self.sessions.values())
                         for st in closing:
@@ -444,8 +447,11 @@ class Daemon:
         except Exception as exc:  # a bug in a task every session depends on: say it, exit 1
             self._failed(exc)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(self.sock_path)
+            # Only the socket we bound: after a take-over the path is another daemon's.
+            if self.listen.is_ours():
+                with contextlib.suppress(OSError):
+                    os.unlink(self.sock_path)
+            self.fd_reserve.close()
             if self.guardian is not None:
                 self.guardian.close()
             self.bridges.close()
@@ -472,21 +478,9 @@ class Daemon:
             sys.stderr.write(f"mcpool daemon: failed: {summary}\n{text}")
             sys.stderr.flush()
 
-    def _listen(self) -> trio.socket.SocketType:
-        sock_dir = os.path.dirname(self.sock_path)
-        # We hold the lock: any socket file left here is stale.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.sock_path)
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            raw.bind(self.sock_path)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.sock_path, 0o600)
-        os.chmod(sock_dir, 0o700)
-        raw.listen(LISTEN_BACKLOG)
-        return trio.socket.from_stdlib_socket(raw)
+    def _stop_for(self, reason: str) -> None:
+        self.log("info", f"stopping: {reason}")
+        self.request_stop()
 
     async def _watch_signals(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -501,32 +495,53 @@ class Daemon:
                     self.log("info", f"received {signal.Signals(signum).name}")
                     self.request_stop()
 
-    async def _accept_loop(self, listener: trio.socket.SocketType) -> None:
+    async def _accept_loop(self) -> None:
+        reserved = False  # the next connection is accepted with the fd reserve's room
+        failing = False
         async with trio.open_nursery() as nursery:
             while True:
+                listener = self.listen.listener
+                assert listener is not None
                 try:
                     conn, _ = await listener.accept()
                 except trio.ClosedResourceError:
-                    return  # shutdown closed the listener
+                    if self.listen.closed:
+                        return  # shutdown closed the listener
+                    continue  # re-created: accept on the new one
                 except OSError as exc:
                     if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                         continue  # that peer left while it was being accepted
+                    if exc.errno in (errno.EMFILE, errno.ENFILE) and self.fd_reserve.release():
+                        self.log(
+                            "warning",
+                            f"accept failed at the open-file limit ({exc.strerror}): the fd "
+                            "reserve lets one admin connection in",
+                        )
+                        reserved = True
+                        continue
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                        self.log("error", f"accept failed: {exc}")
+                        if not failing:  # once per run of failures, not ten lines a second
+                            self.log("error", f"accept failed: {exc}")
+                        failing = True
                         await trio.sleep(0.1)
                         continue
                     raise
-                nursery.start_soon(self._serve_fenced, conn)
+                failing = False
+                nursery.start_soon(self._serve_fenced, conn, reserved)
+                reserved = False
 
-    async def _serve_fenced(self, tsock: trio.socket.SocketType) -> None:
+    async def _serve_fenced(self, tsock: trio.socket.SocketType, reserved: bool) -> None:
         """One connection's task: whatever goes wrong in it ends that connection only (logged
         with its traceback), never the accept loop every later connection needs."""
         try:
-            await self._serve_connection(tsock)
+            await self._serve_connection(tsock, reserved)
         except Exception as exc:
             self._log_fault("opening a connection", exc)
 
-    async def _serve_connection(self, tsock: trio.socket.SocketType) -> None:
+    async def _serve_connection(
+        self, tsock: trio.socket.SocketType, reserved: bool = False
+    ) -> None:
+        """`reserved`: accepted with the fd reserve's room, for an admin request only."""
         fd = tsock.detach()
         raw = socket.socket(fileno=fd)
         try:
@@ -548,7 +563,7 @@ class Daemon:
                 return
             faulted = False
             try:
-                await self._serve_peer(raw, peer_pid)
+                await self._serve_peer(raw, peer_pid, reserved)
             except* Exception as exc:
                 # The per-connection fence: a bug while serving one connection ends that
                 # connection only, never the accept loop (and every other session with it).
@@ -560,8 +575,10 @@ class Daemon:
         finally:
             self._linger.discard(raw.fileno())
             raw.close()
+            if reserved:
+                self.fd_reserve.refill()
 
-    async def _serve_peer(self, raw: socket.socket, peer_pid: int) -> None:
+    async def _serve_peer(self, raw: socket.socket, peer_pid: int, reserved: bool = False) -> None:
         """One connection: its first message says what it is (admin, attach, a raw client).
 
         Flat on purpose: a session's connection lives as long as the session, and each await
@@ -579,6 +596,8 @@ class Daemon:
                 first, pending = await self._read_first(raw, framer, writer, handed)
                 if first is not None and str(first.method).startswith("mcpool/admin/"):
                     await self._serve_admin(fd, writer, framer, first, pending)
+                elif first is not None and reserved:
+                    writer.write(_at_fd_limit(first))
                 elif first is not None:
                     opened = self._open_connection_session(
                         fd, writer, first, peer_pid, handed, nursery.start_soon
@@ -1483,15 +1502,17 @@ def _tree_rss(pid: int | None, children: bool = True) -> int | None:
         return None
 
 
-def _take_lock(sock_path: str) -> int | None:
-    lock_path = str(_paths.lock_path(Path(sock_path)))
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+def _at_fd_limit(first: Message) -> bytes:
+    """The answer to a session that came in on the fd reserve, which is kept for admin calls."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return error_response(
+        request_id(first),
+        ATTACH_FAILED,
+        "The daemon is at its open-file limit",
+        {"reason": f"RLIMIT_NOFILE is {soft}; see `daemonctl status` and `daemonctl sessions`"},
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -1532,10 +1553,13 @@ def main(argv: list[str]) -> int:
         http_bind = (host, port, args.http_allow_remote)
     sock_path = str(_paths.socket_path(args.socket))
     config = str(_paths.config_path(args.config))
-    sock_dir = os.path.dirname(sock_path)
-    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
-    os.chmod(sock_dir, 0o700)
-    lock_fd = _take_lock(sock_path)
+    try:
+        # X3: the folder is ours (created 0700 when missing) before the lock is taken in it.
+        _paths.prepare_socket_dir(Path(sock_path))
+    except _paths.UnsafeSocketPath as exc:
+        sys.stderr.write(f"mcpool daemon: {exc}\n")
+        return 1
+    lock_fd = take_lock(sock_path)
     if lock_fd is None:
         sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
         # 0: what was asked for (a daemon serving this socket) holds. `mcpool attach` relies on
@@ -1544,6 +1568,7 @@ def main(argv: list[str]) -> int:
         # lock again.
         return EXIT_STOPPED
     daemon = Daemon(sock_path, config, args.log_level)
+    daemon.listen.lock_fd = lock_fd
     daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
     try:
@@ -1558,4 +1583,5 @@ def main(argv: list[str]) -> int:
         raise
     finally:
         daemon.journal.close()
-        os.close(lock_fd)
+        if daemon.listen.lock_fd is not None:
+            os.close(daemon.listen.lock_fd)  # the one it holds now (a new one after re-creation)

@@ -61,24 +61,23 @@ def client_file(client: str, scope: str = "user") -> Path:
     return base / "Claude" / "claude_desktop_config.json"
 
 
-def attach_args() -> list[str]:
-    """`attach`, plus `--socket PATH` only when the socket this shell would use is not the one a
-    bridge finds by itself: clients launch servers with an environment of their own (Codex and
-    the SDK drop XDG_RUNTIME_DIR, none passes MCPOOL_SOCKET), and a bridge that looked elsewhere
-    would start a second daemon."""
-    from mcpool.daemon._paths import socket_path
+def attach_socket(explicit: str | None = None) -> Path | None:
+    """The `--socket` the client's entry must name: None when a bridge the client launches finds
+    this user's daemon by itself. Clients drop most variables (MCPOOL_SOCKET, XDG_RUNTIME_DIR)
+    from a server's environment, so what counts is the path found without them."""
+    from mcpool.daemon._paths import client_socket_path, socket_path
 
-    here = socket_path(None)
-    saved = {k: os.environ.pop(k) for k in ("MCPOOL_SOCKET", "XDG_RUNTIME_DIR") if k in os.environ}
-    try:
-        bare = socket_path(None)
-    finally:
-        os.environ.update(saved)
-    return ["attach"] if here == bare else ["attach", "--socket", str(here)]
+    wanted = socket_path(explicit)
+    return wanted if explicit or wanted != client_socket_path() else None
 
 
-def server_entry(client: str, command: list[str]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], *attach_args()]}
+def attach_args(socket: Path | None = None) -> list[str]:
+    """The arguments after the mcpool command: `attach`, and `--socket` when it must be named."""
+    return ["attach", "--socket", str(socket)] if socket else ["attach"]
+
+
+def server_entry(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], *attach_args(socket)]}
     if client == "vscode":
         return {"type": "stdio", **entry}
     return entry
@@ -88,11 +87,13 @@ def servers_key(client: str) -> str:
     return "servers" if client == "vscode" else "mcpServers"
 
 
-def snippet(client: str, command: list[str]) -> dict[str, Any]:
-    return {servers_key(client): {SERVER_NAME: server_entry(client, command)}}
+def snippet(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
+    return {servers_key(client): {SERVER_NAME: server_entry(client, command, socket)}}
 
 
-def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path | None, list[str]]:
+def write_client_file(
+    path: Path, client: str, command: list[str], socket: Path | None = None
+) -> tuple[Path | None, list[str]]:
     """Merge the mcpool entry into `path`. Returns (backup path or None, other server names)."""
     document: dict[str, Any] = {}
     backup: Path | None = None
@@ -116,7 +117,7 @@ def write_client_file(path: Path, client: str, command: list[str]) -> tuple[Path
         servers = document[key] = {}
     if not isinstance(servers, dict):
         raise SetupError(f"{path}: {key!r} is not an object")
-    servers[SERVER_NAME] = server_entry(client, command)
+    servers[SERVER_NAME] = server_entry(client, command, socket)
     atomic_write_json(path, document)
     return backup, sorted(name for name in servers if name != SERVER_NAME)
 
@@ -128,7 +129,9 @@ def keep_backup(path: Path) -> Path:
     return backup
 
 
-def write_codex_file(path: Path, command: list[str]) -> tuple[Path | None, list[str]]:
+def write_codex_file(
+    path: Path, command: list[str], socket: Path | None = None
+) -> tuple[Path | None, list[str]]:
     """Add `[mcp_servers.mcpool]` to Codex's config.toml, keeping its comments and layout."""
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
@@ -150,7 +153,7 @@ def write_codex_file(path: Path, command: list[str]) -> tuple[Path | None, list[
         raise SetupError(f"{path}: 'mcp_servers' is not a table")
     entry = tomlkit.table()
     entry["command"] = command[0]
-    entry["args"] = [*command[1:], *attach_args()]
+    entry["args"] = [*command[1:], *attach_args(socket)]
     servers[SERVER_NAME] = entry
     write_private(path, tomlkit.dumps(document).encode("utf-8"))
     return backup, sorted(name for name in servers if name != SERVER_NAME)
@@ -179,29 +182,41 @@ def setup_client_main(argv: list[str]) -> int:
         default="user",
         help="gemini and qwen: the user file (default) or this folder's project file",
     )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the daemon's socket (default: named in the entry only when a client-launched "
+        "bridge would not find it by itself)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     command = mcpool_command()
     default_file = client_file(args.client, args.scope)
+    socket = attach_socket(args.socket)
+    if socket is not None:
+        sys.stderr.write(
+            f"the entry names --socket {socket}: a bridge would not find it without "
+            "MCPOOL_SOCKET or XDG_RUNTIME_DIR, which clients drop from its environment\n"
+        )
     if not args.write:
         if args.client == "codex":
-            sys.stdout.write(codex_snippet(command))
+            sys.stdout.write(codex_snippet(command, socket))
         else:
-            sys.stdout.write(json.dumps(snippet(args.client, command), indent=2) + "\n")
+            sys.stdout.write(json.dumps(snippet(args.client, command, socket), indent=2) + "\n")
         # Hints on stderr: stdout stays the snippet alone, ready to paste or pipe.
         if args.client == "claude-code":
-            shell = " ".join([*command, *attach_args()])
+            shell = " ".join([*command, *attach_args(socket)])
             sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -s user -- {shell}\n")
         sys.stderr.write(f"`--write` adds it to {default_file}\n")
         return 0
     path = Path(args.file).expanduser().absolute() if args.file else default_file
     try:
         if args.client == "codex":
-            backup, others = write_codex_file(path, command)
+            backup, others = write_codex_file(path, command, socket)
         else:
-            backup, others = write_client_file(path, args.client, command)
+            backup, others = write_client_file(path, args.client, command, socket)
     except (SetupError, OSError) as exc:
         sys.stderr.write(f"mcpool setup-client: {exc}\n")
         return 1
@@ -218,12 +233,12 @@ def setup_client_main(argv: list[str]) -> int:
     return 0
 
 
-def codex_snippet(command: list[str]) -> str:
+def codex_snippet(command: list[str], socket: Path | None = None) -> str:
     import tomlkit
 
     entry = tomlkit.table()
     entry["command"] = command[0]
-    entry["args"] = [*command[1:], *attach_args()]
+    entry["args"] = [*command[1:], *attach_args(socket)]
     servers = tomlkit.table(is_super_table=True)
     servers[SERVER_NAME] = entry
     document = tomlkit.document()

@@ -11,10 +11,12 @@ from pathlib import Path
 COMMAND_TIMEOUT = 30.0  # a command of these tests ends in well under a second; this bounds a hang
 
 
-def mcpool(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m mcpool ARGS` with HOME=home, run in `cwd` (default: home)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
-    env["HOME"] = str(home)
+def mcpool(
+    *args: str, home: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m mcpool ARGS` with HOME=home (and `env`), run in `cwd` (default: home)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MCPOOL_", "XDG_"))}
+    env = {**base, "HOME": str(home), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "mcpool", *args],
         capture_output=True,

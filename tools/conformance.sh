@@ -54,7 +54,8 @@ PIDS+=($!)
 wait_listening "$DIRECT_PORT" "${PIDS[-1]}" "$WORK/everything.log"
 
 MCPOOL_PORT=$(free_port)
-mkdir -p "$WORK/state" "$WORK/config" "$WORK/run"
+mkdir -p "$WORK/state" "$WORK/config"
+mkdir -m 700 "$WORK/run" # the daemon uses only a private socket folder (X3)
 cat >"$WORK/config.json" <<EOF
 {"mcpServers": {"everything": {"command": "$PEER_NODE22",
   "args": ["$PEER_EVERYTHING_JS", "stdio"], "prefix": false}}}

@@ -37,6 +37,36 @@ def test_snippet_points_at_mcpool_attach(
     assert not list(tmp_path.iterdir())  # printing writes nothing
 
 
+def attach_args_written(home: Path, env: dict[str, str], *args: str) -> list[str]:
+    done = mcpool("setup-client", "cursor", *args, home=home, env=env)
+    assert done.returncode == 0, done.stderr
+    args_ = json.loads(done.stdout)["mcpServers"]["mcpool"]["args"]
+    return list(args_[args_.index("attach") :])
+
+
+def test_socket_is_named_only_when_a_client_launched_bridge_would_miss_it(tmp_path: Path) -> None:
+    # Clients drop MCPOOL_SOCKET and XDG_RUNTIME_DIR from a server's environment (Codex, the
+    # SDK's default): the entry names the socket exactly when the bridge would not find it.
+    runtime_base = tmp_path / "run-user"
+    runtime = runtime_base / str(os.geteuid())
+    runtime.mkdir(parents=True, mode=0o700)
+    found_anyway = {"MCPOOL_TEST_RUN_USER_BASE": str(runtime_base)}
+    assert attach_args_written(tmp_path, found_anyway) == ["attach"]
+    # XDG_RUNTIME_DIR is the runtime folder the bridge finds by itself: nothing to name.
+    same = {**found_anyway, "XDG_RUNTIME_DIR": str(runtime)}
+    assert attach_args_written(tmp_path, same) == ["attach"]
+    elsewhere = {**found_anyway, "XDG_RUNTIME_DIR": str(tmp_path / "elsewhere")}
+    sock = str(tmp_path / "elsewhere" / "mcpool" / "daemon.sock")
+    assert attach_args_written(tmp_path, elsewhere) == ["attach", "--socket", sock]
+    assert attach_args_written(tmp_path, {"MCPOOL_SOCKET": "/srv/m.sock"}) == [
+        "attach",
+        "--socket",
+        "/srv/m.sock",
+    ]
+    explicit = attach_args_written(tmp_path, found_anyway, "--socket", "/srv/x.sock")
+    assert explicit == ["attach", "--socket", "/srv/x.sock"]
+
+
 def test_write_merges_into_the_clients_file_with_a_backup(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     (project / ".vscode").mkdir(parents=True)
@@ -165,19 +195,6 @@ def test_claude_code_project_write_explains_approval_and_the_loop_guard(tmp_path
     assert done.returncode == 0, done.stderr
     assert "approve 'mcpool'" in done.stdout
     assert "never becomes its own upstream" in done.stdout
-
-
-def test_socket_is_written_only_when_a_bridge_would_not_find_it(tmp_path: Path) -> None:
-    from mcpool.daemon._setup import attach_args
-
-    saved = {k: os.environ.pop(k) for k in ("MCPOOL_SOCKET", "XDG_RUNTIME_DIR") if k in os.environ}
-    try:
-        assert attach_args() == ["attach"]
-        os.environ["MCPOOL_SOCKET"] = str(tmp_path / "elsewhere.sock")
-        assert attach_args() == ["attach", "--socket", str(tmp_path / "elsewhere.sock")]
-    finally:
-        os.environ.pop("MCPOOL_SOCKET", None)
-        os.environ.update(saved)
 
 
 def test_write_backup_and_file_are_0600_whatever_the_umask(tmp_path: Path) -> None:

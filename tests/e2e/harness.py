@@ -131,10 +131,15 @@ async def attached_session(
     message_handler: MessageHandlerFnT | None = None,
     logging_callback: LoggingFnT | None = None,
     errlog: TextIO = sys.stderr,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[ClientSession]:
-    """An initialized SDK ClientSession speaking to the daemon through a real `mcpool attach`."""
+    """An initialized SDK ClientSession speaking to the daemon through a real `mcpool attach`
+    (`extra_args` go after its own)."""
     params = StdioServerParameters(
-        command=sys.executable, args=attach_args(sock, settings_files, name), env=env, cwd=cwd
+        command=sys.executable,
+        args=[*attach_args(sock, settings_files, name), *extra_args],
+        env=env,
+        cwd=cwd,
     )
     async with (
         stdio_client(params, errlog=errlog) as (read, write),

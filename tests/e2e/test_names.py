@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 
 from .harness import DaemonFactory, fake_server
-from .support import STEP_TIMEOUT, raw_attach, raw_call, raw_text
+from .support import STEP_TIMEOUT, call_text, raw_attach, raw_call, raw_text, tool_names
 
 # 55 characters: `<server>__echo` fits 64, but not 64 after Claude Code's `mcp__mcpool__`.
 LONG_SERVER = "atlassian-confluence-enterprise-workspace-production-eu"
@@ -55,3 +55,15 @@ async def test_the_daemon_option_sets_every_sessions_budget(daemon_factory: Daem
             names = await _names(client)
     assert names and all(len(n) <= 30 for n in names), names
     assert len(set(names)) == len(names)
+
+
+async def test_attach_max_name_length_wins_over_the_client(daemon_factory: DaemonFactory) -> None:
+    daemon = await daemon_factory(daemon={"maxNameLength": 60})
+    settings = daemon.settings_file("settings.json", {LONG_SERVER: fake_server()})
+    flag = ("--max-name-length", "24")
+    async with daemon.attach([settings], "budgeted", extra_args=flag) as session:
+        names = await tool_names(session)
+        echo = next(n for n in names if n.endswith("__echo"))
+        answer = await call_text(session, echo, {"text": "ok"})
+    assert names and all(len(n) <= 24 for n in names), names
+    assert "ok" in answer

@@ -104,7 +104,9 @@ async def test_a_connection_from_another_uid_is_refused(daemon_factory: DaemonFa
     assert str(NOBODY) in json.dumps(refusal["error"].get("data")), refusal
     assert "result" not in refusal
 
-    # Nothing was attached for the intruder, and our own uid is still served.
+    # Nothing was attached for the intruder, and our own uid is still served (once the folder
+    # is private again: our own clients refuse a folder others can write to).
+    sock_dir.chmod(0o700)
     assert await daemon.ctl("sessions") == []
     async with daemon.raw() as client:
         await raw_attach(client, [str(settings)], "owner")
