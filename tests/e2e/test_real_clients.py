@@ -1,0 +1,418 @@
+"""The real-client matrix (issue 13 point 7): Claude Code, Codex, gemini-cli and Qwen Code, each
+installed from npm (tools/install-peers.sh, pinned), run one non-interactive agent turn against a
+fake model API on 127.0.0.1 (fake_model.py) with mcpool as their only MCP server.
+
+The fake model's first reply calls the mcpool tool `up__env` (tools/fake_upstream.py's `env`)
+for a variable only the upstream's settings entry holds, a fresh token; its second reply quotes
+the tool result. So the token in the client's final output proves the whole path: the tool list
+reached the model through the client, the call went client -> `mcpool attach` -> daemon ->
+upstream, and the result came back. Each client gets a fresh HOME with its own config that
+launches `<venv>/bin/mcpool attach --socket S --settings F` against a private daemon.
+
+For every client, after the first result the settings file is rewritten (includeTools
+["env", "echo"] -> ["env", "pid"]) and the model keeps the conversation going for a few turns to
+see whether a later request offers `up__pid`: the clients that re-list on list_changed must; the
+others are recorded. The matrix (exposed names, re-listed or not, seconds) is printed at the end
+of the module's run.
+
+Peers come from $MCPOOL_PEERS_DIR (default: the repo's .peers); a client missing there skips
+with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from .fake_model import FakeModel, Script
+from .harness import PEERS_DIR, DaemonFactory, DaemonProcess, daemonctl_argv, fake_server, load_peers
+
+pytestmark = [pytest.mark.peers, pytest.mark.slow]
+
+# One agent run: a cold client start (Claude Code and Codex are native; gemini-cli and Qwen Code
+# load ~30 MB bundles under Node), the MCP handshake through mcpool, and up to six model turns
+# with their pauses. They take 5-30 s here; 120 s leaves room on a loaded 2-core box.
+CLIENT_RUN_TIMEOUT = 120.0
+# The daemon re-projects a session's view within milliseconds of a settings file change; this
+# bounds the wait for it (the watcher, a reload, one daemonctl round trip per poll).
+VIEW_CHANGE_TIMEOUT = 15.0
+VIEW_POLL_INTERVAL = 0.2
+# The two clients of the sharing test meet mid-run; the slower one's cold start bounds this.
+BARRIER_TIMEOUT = 90.0
+
+PROMPT = "Call the mcpool env tool for MCPOOL_TOKEN and tell me what it answered."
+MCPOOL = str(Path(sys.executable).parent / "mcpool")
+
+
+@dataclass
+class Client:
+    key: str  # the test id, the session name, and the client's name for mcpool's entry
+    title: str
+    peer: str  # the PEER_* variable in env.sh
+    relists: bool  # re-lists on notifications/tools/list_changed (issue 13's finding)
+    setup: Callable[[Path, Path, str, list[str], str], tuple[list[str], dict[str, str]]]
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    # Nothing of the test's environment beyond PATH: no API keys, proxies or XDG paths leak in.
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "LANG": "C.UTF-8",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2))
+
+
+def setup_claude(
+    home: Path, project: Path, url: str, attach: list[str], exe: str
+) -> tuple[list[str], dict[str, str]]:
+    # User scope, as `claude mcp add -s user mcpool -- mcpool attach ...` writes it.
+    _write_json(
+        home / ".claude.json",
+        {
+            "hasCompletedOnboarding": True,
+            "mcpServers": {"mcpool": {"type": "stdio", "command": MCPOOL, "args": attach}},
+        },
+    )
+    env = {
+        **_base_env(home),
+        "ANTHROPIC_BASE_URL": url,
+        "ANTHROPIC_API_KEY": "dummy",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    # `mcp__mcpool` allows every tool of the server, including ones listed later.
+    return [exe, "-p", PROMPT, "--allowedTools", "mcp__mcpool"], env
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def setup_codex(
+    home: Path, project: Path, url: str, attach: list[str], exe: str
+) -> tuple[list[str], dict[str, str]]:
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True)
+    (codex_home / "config.toml").write_text(
+        "\n".join(
+            [
+                'model = "fake-model"',
+                'model_provider = "fake"',
+                'approval_policy = "never"',
+                "check_for_update_on_startup = false",
+                "",
+                "[model_providers.fake]",
+                'name = "fake"',
+                f'base_url = "{url}/v1"',
+                'wire_api = "responses"',
+                'env_key = "FAKE_MODEL_API_KEY"',
+                "",
+                "[mcp_servers.mcpool]",
+                f"command = {json.dumps(MCPOOL)}",
+                f"args = {_toml_list(attach)}",
+                "",
+                "[analytics]",
+                "enabled = false",
+                "",
+            ]
+        )
+    )
+    env = {**_base_env(home), "CODEX_HOME": str(codex_home), "FAKE_MODEL_API_KEY": "dummy"}
+    return [exe, "exec", "--skip-git-repo-check", PROMPT], env
+
+
+def _gemini_like_settings(attach: list[str], auth: str) -> dict[str, Any]:
+    return {
+        "mcpServers": {"mcpool": {"command": MCPOOL, "args": attach}},
+        "security": {"auth": {"selectedType": auth}, "folderTrust": {"enabled": True}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "telemetry": {"enabled": False},
+    }
+
+
+def setup_gemini(
+    home: Path, project: Path, url: str, attach: list[str], exe: str
+) -> tuple[list[str], dict[str, str]]:
+    _write_json(home / ".gemini" / "settings.json", _gemini_like_settings(attach, "gemini-api-key"))
+    _write_json(home / ".gemini" / "trustedFolders.json", {str(project): "TRUST_FOLDER"})
+    env = {
+        **_base_env(home),
+        "GEMINI_API_KEY": "dummy",
+        "GOOGLE_GEMINI_BASE_URL": url,
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+    }
+    return [exe, "-p", PROMPT, "--yolo", "-m", "gemini-2.5-flash"], env
+
+
+def setup_qwen(
+    home: Path, project: Path, url: str, attach: list[str], exe: str
+) -> tuple[list[str], dict[str, str]]:
+    _write_json(home / ".qwen" / "settings.json", _gemini_like_settings(attach, "openai"))
+    _write_json(home / ".qwen" / "trustedFolders.json", {str(project): "TRUST_FOLDER"})
+    env = {
+        **_base_env(home),
+        "OPENAI_BASE_URL": f"{url}/v1",
+        "OPENAI_API_KEY": "dummy",
+        "OPENAI_MODEL": "fake-model",
+    }
+    return [exe, "-p", PROMPT, "--yolo"], env
+
+
+CLIENTS = {
+    c.key: c
+    for c in (
+        Client("claude", "Claude Code 2.1.197", "PEER_CLAUDE", True, setup_claude),
+        Client("codex", "Codex 0.171.0", "PEER_CODEX", False, setup_codex),
+        Client("gemini", "gemini-cli 0.61.0", "PEER_GEMINI", True, setup_gemini),
+        Client("qwen", "Qwen Code 0.15.10", "PEER_QWEN", False, setup_qwen),
+    )
+}
+
+# Filled by the tests, printed by the module fixture: client key -> facts observed.
+MATRIX: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="module")
+def client_peers(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """env.sh of $MCPOOL_PEERS_DIR (default .peers), installing it when missing; at the end of
+    the module, the matrix of what each client did."""
+    if os.environ.get("MCPOOL_SKIP_PEERS") == "1":
+        pytest.skip("MCPOOL_SKIP_PEERS=1")
+    peers = load_peers(Path(os.environ.get("MCPOOL_PEERS_DIR") or PEERS_DIR))
+    yield peers
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and MATRIX:
+        # Shown whatever -s says: the matrix is the point of running these tests.
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("")
+            for line in matrix_lines():
+                reporter.write_line(line)
+
+
+def matrix_lines() -> list[str]:
+    head = f"{'client':<20} {'tool as the model saw it':<26} {'re-listed':<10} {'seconds':>7}"
+    lines = ["real-client matrix (issue 13):", head]
+    for key, client in CLIENTS.items():
+        row = MATRIX.get(key)
+        if row is None:
+            continue
+        relisted = {True: "yes", False: "no", None: "-"}[row.get("relisted")]
+        lines.append(
+            f"{client.title:<20} {row.get('exposed') or '-':<26} {relisted:<10} "
+            f"{row.get('seconds', 0):>7.1f}"
+        )
+    return lines
+
+
+def client_exe(peers: dict[str, str], client: Client) -> str:
+    exe = peers.get(client.peer)
+    if not exe or not os.access(exe, os.X_OK):
+        peers_dir = os.environ.get("MCPOOL_PEERS_DIR") or PEERS_DIR
+        pytest.skip(
+            f"{client.title} not installed ({client.peer} missing from {peers_dir}/env.sh): "
+            "run tools/peers.sh"
+        )
+    return exe
+
+
+def upstream_settings(token: str, spawn_log: Path, include: list[str]) -> dict[str, Any]:
+    entry = fake_server(MCPOOL_TOKEN=token, FAKE_SPAWN_LOG=str(spawn_log))
+    return {"up": {**entry, "includeTools": include}}
+
+
+def wait_for_view(daemon: DaemonProcess, session: str, exposed: str) -> None:
+    """Block (in the fake model's thread) until the daemon shows `exposed` to `session`."""
+    deadline = time.monotonic() + VIEW_CHANGE_TIMEOUT
+    argv = daemonctl_argv(daemon.sock, "tools", session, "--json")
+    seen: Any = None
+    while time.monotonic() < deadline:
+        done = subprocess.run(argv, capture_output=True, env=daemon.env, timeout=10, check=False)
+        if done.returncode == 0:
+            seen = json.loads(done.stdout)
+            if any(row.get("exposed") == exposed for row in seen):
+                return
+        time.sleep(VIEW_POLL_INTERVAL)
+    raise AssertionError(f"{session} never saw {exposed}: {seen}")
+
+
+@dataclass
+class Run:
+    client: Client
+    model: FakeModel
+    script: Script
+    stdout: str
+    stderr: str
+    returncode: int
+    seconds: float
+
+    def explain(self) -> str:
+        return (
+            f"{self.client.title} exited {self.returncode} in {self.seconds:.1f} s\n"
+            f"--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}\n"
+            f"--- model requests\n{self.model.summary()}"
+        )
+
+
+async def run_client(
+    client: Client,
+    exe: str,
+    daemon: DaemonProcess,
+    settings: Path,
+    tmp_path: Path,
+    script: Script,
+) -> Run:
+    home = tmp_path / f"home-{client.key}"
+    project = tmp_path / f"project-{client.key}"
+    home.mkdir()
+    project.mkdir()
+    attach = ["attach", "--socket", str(daemon.sock), "--settings", str(settings)]
+    attach += ["--name", client.key]
+    with FakeModel(script) as model:
+        argv, env = client.setup(home, project, model.url, attach, exe)
+        started = time.monotonic()
+        with trio.fail_after(CLIENT_RUN_TIMEOUT):
+            done = await trio.run_process(
+                argv,
+                env=env,
+                cwd=project,
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+        seconds = time.monotonic() - started
+    return Run(
+        client,
+        model,
+        script,
+        done.stdout.decode(errors="replace"),
+        done.stderr.decode(errors="replace"),
+        done.returncode,
+        seconds,
+    )
+
+
+@pytest.mark.parametrize("key", list(CLIENTS))
+async def test_real_client_calls_an_mcpool_tool_end_to_end(
+    key: str, daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+) -> None:
+    client = CLIENTS[key]
+    exe = client_exe(client_peers, client)
+    daemon = await daemon_factory()
+    token = f"tok-{uuid.uuid4().hex}"
+    spawn_log = tmp_path / "spawns.log"
+    settings = daemon.settings_file(
+        "settings.json", upstream_settings(token, spawn_log, ["env", "echo"])
+    )
+
+    def narrow_to_pid() -> None:
+        # Mid-run: the same server with another includeTools; the daemon sends list_changed.
+        daemon.settings_file("settings.json", upstream_settings(token, spawn_log, ["env", "pid"]))
+        wait_for_view(daemon, client.key, "up__pid")
+
+    script = Script(
+        suffix="up__env",
+        arguments={"name": "MCPOOL_TOKEN"},
+        changed_suffix="up__pid",
+        on_first_result=narrow_to_pid,
+    )
+    run = await run_client(client, exe, daemon, settings, tmp_path, script)
+    MATRIX[key] = {
+        "exposed": script.exposed,
+        "exposed_changed": script.exposed_changed,
+        "relisted": script.relisted,
+        "seconds": run.seconds,
+    }
+    print("\n".join(matrix_lines()))
+    if os.environ.get("MCPOOL_REAL_CLIENTS_VERBOSE") == "1":
+        print(run.explain())
+
+    assert run.returncode == 0, run.explain()
+    # The tools reached the model, under the client's prefix for mcpool's `up__env`.
+    assert script.exposed is not None, run.explain()
+    assert script.exposed.endswith("up__env"), run.explain()
+    # The call reached the upstream through mcpool: only its settings entry knows the token,
+    # and one upstream process served it.
+    turns = run.model.turns()
+    assert any(token in r for t in turns for r in t.results), run.explain()
+    assert len(spawn_log.read_text().split()) == 1, spawn_log.read_text()
+    # The result came back to the client, which printed the model's quote of it.
+    assert token in run.stdout, run.explain()
+    if client.relists:
+        assert script.relisted, run.explain()
+        assert script.exposed_changed is not None
+        assert not any(name.endswith("up__echo") for name in script.tool_lists[-1])
+
+
+async def test_two_real_clients_share_one_upstream_process(
+    daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+) -> None:
+    pair = [CLIENTS["claude"], CLIENTS["codex"]]
+    exes = [client_exe(client_peers, client) for client in pair]
+    daemon = await daemon_factory()
+    spawn_log = tmp_path / "spawns.log"
+    entry = fake_server(FAKE_SPAWN_LOG=str(spawn_log))
+    settings = daemon.settings_file("settings.json", {"up": {**entry, "includeTools": ["pid"]}})
+    snapshot: list[Any] = []
+
+    def servers_now() -> None:
+        # Both clients hold their first tool result and wait for the model: both attached.
+        done = subprocess.run(
+            daemonctl_argv(daemon.sock, "servers", "--json"),
+            capture_output=True,
+            env=daemon.env,
+            timeout=10,
+            check=True,
+        )
+        snapshot.append(json.loads(done.stdout))
+
+    barrier = threading.Barrier(len(pair), action=servers_now, timeout=BARRIER_TIMEOUT)
+    scripts = [
+        Script(suffix="up__pid", arguments={}, on_first_result=barrier.wait) for _ in pair
+    ]
+    runs: list[Run] = []
+
+    async def one(client: Client, exe: str, script: Script) -> None:
+        runs.append(await run_client(client, exe, daemon, settings, tmp_path, script))
+
+    async with trio.open_nursery() as nursery:
+        for client, exe, script in zip(pair, exes, scripts, strict=True):
+            nursery.start_soon(one, client, exe, script)
+
+    explained = "\n\n".join(run.explain() for run in runs)
+    assert all(run.returncode == 0 for run in runs), explained
+    (servers,) = snapshot
+    assert len(servers) == 1, servers
+    (server,) = servers
+    assert len(server["refs"]) == 2, servers
+    pid = str(server["pid"])
+    # Both results (and both final answers) carry that one upstream's pid.
+    for run in runs:
+        assert any(pid in r for t in run.model.turns() for r in t.results), explained
+        assert pid in run.stdout, explained
+    assert spawn_log.read_text().split() == [pid]
