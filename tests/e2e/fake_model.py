@@ -36,6 +36,9 @@ Json = dict[str, Any]
 # The model's pause before each reply while a script waits for a client to re-list its tools:
 # a client handles notifications/tools/list_changed asynchronously, so give it time to act.
 RELIST_PAUSE = 1.0
+# How a Responses tool inside a namespace is named in a Turn: OpenAI function names cannot
+# contain it, so "namespace/name" splits back unambiguously.
+NAMESPACE_SEP = "/"
 
 
 @dataclass(frozen=True)
@@ -196,10 +199,11 @@ def responses_turn(body: Json) -> Turn:
             continue
         if "name" in tool:
             tools.append(tool["name"])
-        # A namespace groups tools under one name (Codex's MCP servers): keep both parts.
+        # A namespace groups tools under one name (Codex: one per MCP server); the model
+        # calls `name` within `namespace`. Recorded as "namespace/name".
         for inner in tool.get("tools") or []:
             if isinstance(inner, dict) and "name" in inner:
-                tools.append(f"{tool.get('name', '')}{inner['name']}")
+                tools.append(f"{tool.get('name', '')}{NAMESPACE_SEP}{inner['name']}")
     results = [
         _result_text(item.get("output"))
         for item in body.get("input") or []
@@ -290,10 +294,13 @@ def anthropic_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
 def responses_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
     response_id = f"resp_{uuid.uuid4().hex[:12]}"
     if isinstance(reply, ToolCall):
+        namespace, _, name = reply.name.rpartition(NAMESPACE_SEP)
         item: Json = {
             "type": "function_call", "id": f"fc_{uuid.uuid4().hex[:12]}", "status": "completed",
-            "call_id": reply.call_id, "name": reply.name, "arguments": json.dumps(reply.arguments),
+            "call_id": reply.call_id, "name": name, "arguments": json.dumps(reply.arguments),
         }  # fmt: skip
+        if namespace:
+            item["namespace"] = namespace
     else:
         item = {
             "type": "message", "id": f"msg_{uuid.uuid4().hex[:12]}", "status": "completed",

@@ -133,6 +133,9 @@ def setup_codex(
                 "[mcp_servers.mcpool]",
                 f"command = {json.dumps(MCPOOL)}",
                 f"args = {_toml_list(attach)}",
+                # Codex asks before an MCP tool call unless told; exec cannot ask, so it fails
+                # the call ("requires approval, but approval policy is never").
+                'default_tools_approval_mode = "approve"',
                 "",
                 "[analytics]",
                 "enabled = false",
@@ -306,6 +309,12 @@ async def run_client(
                 check=False,
             )
         seconds = time.monotonic() - started
+    dump = os.environ.get("MCPOOL_REAL_CLIENTS_DUMP")
+    if dump:
+        # Every request the client made, for finding out what a new client version sends.
+        bodies = [{"path": r.path, "body": r.body} for r in model.requests]
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        (Path(dump) / f"{client.key}.json").write_text(json.dumps(bodies, indent=1))
     return Run(
         client,
         model,
