@@ -23,6 +23,7 @@ for SSE and which keeps the server free of chunked encoding.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -100,8 +101,10 @@ class Script:
     exposed: str | None = None  # the tool's name as the client showed it to the model
     exposed_changed: str | None = None
     relisted: bool | None = None
+    deferred: bool = False  # the tool was offered only by name, behind a search tool
     tool_lists: list[list[str]] = field(default_factory=list)
     _hook_done: bool = False
+    _searches: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def quote(self, result: str) -> str:
@@ -113,32 +116,59 @@ class Script:
 
     def _decide(self, turn: Turn) -> Reply:
         tool = _ending_with(turn.tools, self.suffix)
-        if tool is None and not turn.results:
-            return Text("ok")
+        results = turn.results[self._searches :]
+        if tool is None and not results:
+            deferred = _mentioned(turn, self.suffix)
+            search = _search_tool(turn.tools)
+            if deferred is None or search is None or self._searches:
+                return Text("ok")
+            # The client defers its MCP tools behind a search tool (Qwen Code always, Claude
+            # Code under tool search): fetch the tool's schema first, as a model would.
+            self.deferred = True
+            self._searches += 1
+            self.tool_lists.append(list(turn.tools))
+            return ToolCall(search, {"query": f"select:{deferred}"})
         self.tool_lists.append(list(turn.tools))
         if tool is not None and self.exposed is None:
             self.exposed = tool
-        if not turn.results:
+        if not results:
             assert tool is not None
             return ToolCall(tool, self.arguments)
-        first = turn.results[0]
+        first = results[0]
         if not self._hook_done:
             self._hook_done = True
             if self.on_first_result is not None:
                 self.on_first_result()
         if self.changed_suffix is None:
             return Text(self.quote(first))
-        changed = _ending_with(turn.tools, self.changed_suffix)
-        if changed is not None and self.relisted is None and len(turn.results) > 1:
+        changed = _ending_with(turn.tools, self.changed_suffix) or _mentioned(
+            turn, self.changed_suffix
+        )
+        if changed is not None and self.relisted is None and len(results) > 1:
             self.relisted = True
             self.exposed_changed = changed
-        if self.relisted or len(turn.results) > self.relist_turns:
+        if self.relisted or len(results) > self.relist_turns:
             if self.relisted is None:
                 self.relisted = False
             return Text(self.quote(first))
         time.sleep(RELIST_PAUSE)
         # Call a tool both tool sets share so the conversation goes on whatever the client knows.
         return ToolCall(self.exposed or tool or self.suffix, self.arguments)
+
+
+def _mentioned(turn: Turn, suffix: str) -> str | None:
+    """A tool name ending with `suffix` that the request names outside its tool list (a
+    deferred tool, listed by name in the system prompt)."""
+    rest = json.dumps({k: v for k, v in turn.body.items() if k != "tools"})
+    match = re.search(r"[A-Za-z0-9_.\-]*" + re.escape(suffix) + r"\b", rest)
+    return None if match is None else match.group(0)
+
+
+def _search_tool(names: list[str]) -> str | None:
+    for name in names:
+        if name.lower().replace("_", "") == "toolsearch":
+            return name
+    return None
 
 
 def _ending_with(names: list[str], suffix: str) -> str | None:

@@ -218,7 +218,10 @@ def client_peers(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 
 def matrix_lines() -> list[str]:
-    head = f"{'client':<20} {'tool as the model saw it':<26} {'re-listed':<10} {'seconds':>7}"
+    head = (
+        f"{'client':<20} {'tool as the model saw it':<26} {'deferred':<9} {'re-listed':<10} "
+        f"{'seconds':>7}"
+    )
     lines = ["real-client matrix (issue 13):", head]
     for key, client in CLIENTS.items():
         row = MATRIX.get(key)
@@ -226,7 +229,8 @@ def matrix_lines() -> list[str]:
             continue
         relisted = {True: "yes", False: "no", None: "-"}[row.get("relisted")]
         lines.append(
-            f"{client.title:<20} {row.get('exposed') or '-':<26} {relisted:<10} "
+            f"{client.title:<20} {row.get('exposed') or '-':<26} "
+            f"{'yes' if row.get('deferred') else 'no':<9} {relisted:<10} "
             f"{row.get('seconds', 0):>7.1f}"
         )
     return lines
@@ -355,6 +359,7 @@ async def test_real_client_calls_an_mcpool_tool_end_to_end(
         "exposed": script.exposed,
         "exposed_changed": script.exposed_changed,
         "relisted": script.relisted,
+        "deferred": script.deferred,
         "seconds": run.seconds,
     }
     print("\n".join(matrix_lines()))
