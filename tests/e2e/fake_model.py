@@ -182,7 +182,8 @@ def _ending_with(names: list[str], suffix: str) -> str | None:
 
 
 def _strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON value; strings that are JSON documents are searched too."""
+    """Every string and number in a JSON value; strings that are JSON documents are searched
+    too."""
     if isinstance(value, str):
         if value[:1] in "[{":
             try:
@@ -193,6 +194,8 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(decoded)
             return
         yield value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield str(value)  # structured results ({"pid": 123}) quote their numbers too
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
