@@ -286,6 +286,11 @@ def _sse(event: str | None, data: Json | str) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
+def _event(kind: str, **fields: Any) -> bytes:
+    """An SSE event named like its payload's "type" (Anthropic's and the Responses API's form)."""
+    return _sse(kind, {"type": kind, **fields})
+
+
 def anthropic_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
     message_id = f"msg_{uuid.uuid4().hex[:12]}"
     if isinstance(reply, ToolCall):
@@ -309,19 +314,20 @@ def anthropic_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
         if isinstance(reply, ToolCall)
         else {"type": "text_delta", "text": reply.text}
     )
-    start = {
+    start: Json = {
         "id": message_id, "type": "message", "role": "assistant", "model": turn.model,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 1},
     }  # fmt: skip
+    stop_delta = {"stop_reason": stop, "stop_sequence": None}
     return "sse", [
-        _sse("message_start", {"type": "message_start", "message": start}),
-        _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
-        _sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
-        _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}}),
-        _sse("message_stop", {"type": "message_stop"}),
-    ]  # fmt: skip
+        _event("message_start", message=start),
+        _event("content_block_start", index=0, content_block=block),
+        _event("content_block_delta", index=0, delta=delta),
+        _event("content_block_stop", index=0),
+        _event("message_delta", delta=stop_delta, usage={"output_tokens": 5}),
+        _event("message_stop"),
+    ]
 
 
 def responses_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
@@ -350,18 +356,18 @@ def responses_reply(turn: Turn, reply: Reply) -> tuple[str, list[bytes] | Json]:
     }  # fmt: skip
     if not turn.stream:
         return "json", response
+    in_progress = {**response, "status": "in_progress", "output": []}
     events = [
-        _sse("response.created", {"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}),
-        _sse("response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": item}),
-    ]  # fmt: skip
+        _event("response.created", response=in_progress),
+        _event("response.output_item.added", output_index=0, item=item),
+    ]
     if isinstance(reply, Text):
-        events.append(
-            _sse("response.output_text.delta", {"type": "response.output_text.delta", "item_id": item["id"], "output_index": 0, "content_index": 0, "delta": reply.text})
-        )  # fmt: skip
+        text = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        events.append(_event("response.output_text.delta", **text, delta=reply.text))
     events += [
-        _sse("response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}),
-        _sse("response.completed", {"type": "response.completed", "response": response}),
-    ]  # fmt: skip
+        _event("response.output_item.done", output_index=0, item=item),
+        _event("response.completed", response=response),
+    ]
     return "sse", events
 
 

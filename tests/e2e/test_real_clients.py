@@ -37,7 +37,14 @@ import pytest
 import trio
 
 from .fake_model import FakeModel, Script
-from .harness import PEERS_DIR, DaemonFactory, DaemonProcess, daemonctl_argv, fake_server, load_peers
+from .harness import (
+    PEERS_DIR,
+    DaemonFactory,
+    DaemonProcess,
+    daemonctl_argv,
+    fake_server,
+    load_peers,
+)
 
 pytestmark = [pytest.mark.peers, pytest.mark.slow]
 
@@ -406,9 +413,11 @@ async def test_two_real_clients_share_one_upstream_process(
         snapshot.append(json.loads(done.stdout))
 
     barrier = threading.Barrier(len(pair), action=servers_now, timeout=BARRIER_TIMEOUT)
-    scripts = [
-        Script(suffix="up__pid", arguments={}, on_first_result=barrier.wait) for _ in pair
-    ]
+
+    def meet() -> None:
+        barrier.wait()
+
+    scripts = [Script(suffix="up__pid", arguments={}, on_first_result=meet) for _ in pair]
     runs: list[Run] = []
 
     async def one(client: Client, exe: str, script: Script) -> None:
