@@ -159,9 +159,20 @@ class Script:
 def _mentioned(turn: Turn, suffix: str) -> str | None:
     """A tool name ending with `suffix` that the request names outside its tool list (a
     deferred tool, listed by name in the system prompt)."""
-    rest = json.dumps({k: v for k, v in turn.body.items() if k != "tools"})
+    rest = "\n".join(_all_strings({k: v for k, v in turn.body.items() if k != "tools"}))
     match = re.search(r"[A-Za-z0-9_.\-]*" + re.escape(suffix) + r"\b", rest)
     return None if match is None else match.group(0)
+
+
+def _all_strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _all_strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _all_strings(item)
 
 
 def _search_tool(names: list[str]) -> str | None:

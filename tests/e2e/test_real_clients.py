@@ -224,22 +224,39 @@ def client_peers(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
                 reporter.write_line(line)
 
 
+def _yes_no(value: Any) -> str:
+    return {True: "yes", False: "no"}.get(value, "-")
+
+
+def _always_load(row: dict[str, Any]) -> str:
+    """What the client did with _meta["anthropic/alwaysLoad"] under tool search."""
+    marked, unmarked = row.get("deferred_always_load_True"), row.get("deferred_always_load_False")
+    if marked is None:
+        return "-"
+    if marked:
+        return "deferred anyway"
+    return "loaded" + (" (else deferred)" if unmarked else "")
+
+
 def matrix_lines() -> list[str]:
-    head = (
-        f"{'client':<20} {'tool as the model saw it':<26} {'deferred':<9} {'re-listed':<10} "
-        f"{'seconds':>7}"
-    )
-    lines = ["real-client matrix (issue 13):", head]
+    columns = ("client", "tool as the model saw it", "deferred", "re-listed", "alwaysLoad", "s")
+    widths = (20, 26, 9, 10, 26, 5)
+    lines = ["real-client matrix (issue 13):"]
+    lines.append(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths, strict=True)).rstrip())
     for key, client in CLIENTS.items():
         row = MATRIX.get(key)
         if row is None:
             continue
-        relisted = {True: "yes", False: "no", None: "-"}[row.get("relisted")]
-        lines.append(
-            f"{client.title:<20} {row.get('exposed') or '-':<26} "
-            f"{'yes' if row.get('deferred') else 'no':<9} {relisted:<10} "
-            f"{row.get('seconds', 0):>7.1f}"
+        seconds = f"{row['seconds']:.1f}" if "seconds" in row else "-"
+        cells = (
+            client.title,
+            row.get("exposed") or "-",
+            _yes_no(row.get("deferred")),
+            _yes_no(row.get("relisted")),
+            _always_load(row),
+            seconds,
         )
+        lines.append(" ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip())
     return lines
 
 
@@ -299,7 +316,11 @@ async def run_client(
     settings: Path,
     tmp_path: Path,
     script: Script,
+    extra_env: dict[str, str] | None = None,
+    edit: Callable[[Path], None] | None = None,
 ) -> Run:
+    """Run `client` once against a fresh FakeModel; `extra_env` is merged over its environment
+    and `edit(home)` may change its config files after setup wrote them."""
     home = tmp_path / f"home-{client.key}"
     project = tmp_path / f"project-{client.key}"
     home.mkdir()
@@ -308,6 +329,9 @@ async def run_client(
     attach += ["--name", client.key]
     with FakeModel(script) as model:
         argv, env = client.setup(home, project, model.url, attach, exe)
+        env.update(extra_env or {})
+        if edit is not None:
+            edit(home)
         started = time.monotonic()
         with trio.fail_after(CLIENT_RUN_TIMEOUT):
             done = await trio.run_process(
@@ -439,3 +463,84 @@ async def test_two_real_clients_share_one_upstream_process(
         assert any(pid in r for t in run.model.turns() for r in t.results), explained
         assert pid in run.stdout, explained
     assert spawn_log.read_text().split() == [pid]
+
+
+# Claude Code defers MCP tools behind ToolSearch when tool search is on (ENABLE_TOOL_SEARCH;
+# off by default with a custom ANTHROPIC_BASE_URL) unless a tool carries
+# _meta["anthropic/alwaysLoad"], which mcpool sets for `"alwaysLoadTools": true`. Qwen Code
+# defers every MCP tool whatever its _meta. MCP_CONNECTION_NONBLOCKING=false makes Claude Code
+# wait for its MCP servers before the first request, as it does without tool search.
+TOOL_SEARCH_ENV = {"ENABLE_TOOL_SEARCH": "true", "MCP_CONNECTION_NONBLOCKING": "false"}
+
+
+@pytest.mark.parametrize(
+    ("key", "always_load"),
+    [("claude", True), ("claude", False), ("qwen", True)],
+    ids=["claude-alwaysLoad", "claude-deferred", "qwen-alwaysLoad"],
+)
+async def test_always_load_tools_under_tool_search(
+    key: str,
+    always_load: bool,
+    daemon_factory: DaemonFactory,
+    client_peers: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    client = CLIENTS[key]
+    exe = client_exe(client_peers, client)
+    daemon = await daemon_factory()
+    token = f"tok-{uuid.uuid4().hex}"
+    servers = upstream_settings(token, tmp_path / "spawns.log", ["env"])
+    servers["up"]["alwaysLoadTools"] = always_load
+    settings = daemon.settings_file("settings.json", servers)
+    script = Script(suffix="up__env", arguments={"name": "MCPOOL_TOKEN"})
+    run = await run_client(
+        client, exe, daemon, settings, tmp_path, script, extra_env=TOOL_SEARCH_ENV
+    )
+    MATRIX.setdefault(key, {})[f"deferred_always_load_{always_load}"] = script.deferred
+
+    assert run.returncode == 0, run.explain()
+    assert token in run.stdout, run.explain()
+    if key == "claude":
+        # Loaded up front exactly when mcpool marked the tool alwaysLoad.
+        assert script.deferred is not always_load, run.explain()
+    else:
+        assert script.deferred, run.explain()
+
+
+def _trust_mcpool_entry(folder: str) -> Callable[[Path], None]:
+    def edit(home: Path) -> None:
+        path = home / folder / "settings.json"
+        settings = json.loads(path.read_text())
+        settings["mcpServers"]["mcpool"]["trust"] = True
+        path.write_text(json.dumps(settings, indent=2))
+
+    return edit
+
+
+@pytest.mark.parametrize("key", ["gemini", "qwen"])
+async def test_trusted_mcpool_entry_runs_tools_without_yolo(
+    key: str, daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+) -> None:
+    """gemini-cli and Qwen Code confirm every MCP tool call unless the client's own entry for
+    mcpool says `"trust": true`; non-interactive, unconfirmed tools are hidden (gemini-cli) or
+    declined (Qwen Code). mcpool's `_meta["mcpool/trust"]` does not count for either."""
+    base = CLIENTS[key]
+    exe = client_exe(client_peers, base)
+
+    def without_yolo(*args: Any) -> tuple[list[str], dict[str, str]]:
+        argv, env = base.setup(*args)
+        return [a for a in argv if a != "--yolo"], env
+
+    client = Client(base.key, base.title, base.peer, base.relists, without_yolo)
+    daemon = await daemon_factory()
+    token = f"tok-{uuid.uuid4().hex}"
+    settings = daemon.settings_file(
+        "settings.json", upstream_settings(token, tmp_path / "spawns.log", ["env"])
+    )
+    script = Script(suffix="up__env", arguments={"name": "MCPOOL_TOKEN"})
+    folder = ".gemini" if key == "gemini" else ".qwen"
+    run = await run_client(
+        client, exe, daemon, settings, tmp_path, script, edit=_trust_mcpool_entry(folder)
+    )
+    assert run.returncode == 0, run.explain()
+    assert token in run.stdout, run.explain()
