@@ -59,6 +59,10 @@ VIEW_POLL_INTERVAL = 0.2
 # The two clients of the sharing test meet mid-run; the slower one's cold start bounds this.
 BARRIER_TIMEOUT = 90.0
 
+# Port 9 (discard) on loopback: nothing listens there, so a proxied request fails at once.
+DEAD_PROXY = "http://127.0.0.1:9"
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
+
 PROMPT = "Call the mcpool env tool for MCPOOL_TOKEN and tell me what it answered."
 MCPOOL = str(Path(sys.executable).parent / "mcpool")
 
@@ -72,9 +76,9 @@ class Client:
     setup: Callable[[Path, Path, str, list[str], str], tuple[list[str], dict[str, str]]]
 
 
-def _base_env(home: Path) -> dict[str, str]:
+def _base_env(home: Path, *, proxy_guard: bool = True) -> dict[str, str]:
     # Nothing of the test's environment beyond PATH: no API keys, proxies or XDG paths leak in.
-    return {
+    env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "TERM": "dumb",
@@ -83,6 +87,12 @@ def _base_env(home: Path) -> dict[str, str]:
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
     }
+    if proxy_guard:
+        # Anything a client sends beyond the fake model goes to a closed loopback port (a
+        # proxy that refuses) instead of resolving and reaching the outside world: Codex looks
+        # up github.com, api.github.com and chatgpt.com otherwise.
+        env.update(dict.fromkeys(PROXY_VARIABLES, DEAD_PROXY))
+    return env
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -184,7 +194,9 @@ def setup_qwen(
     _write_json(home / ".qwen" / "settings.json", _gemini_like_settings(attach, "openai"))
     _write_json(home / ".qwen" / "trustedFolders.json", {str(project): "TRUST_FOLDER"})
     env = {
-        **_base_env(home),
+        # Qwen Code sends its model requests through HTTPS_PROXY whatever NO_PROXY says; it
+        # makes no other connection (strace, MCPOOL_REAL_CLIENTS_STRACE).
+        **_base_env(home, proxy_guard=False),
         "OPENAI_BASE_URL": f"{url}/v1",
         "OPENAI_API_KEY": "dummy",
         "OPENAI_MODEL": "fake-model",
@@ -330,6 +342,23 @@ async def run_client(
     with FakeModel(script) as model:
         argv, env = client.setup(home, project, model.url, attach, exe)
         env.update(extra_env or {})
+        trace = os.environ.get("MCPOOL_REAL_CLIENTS_STRACE")
+        if trace:
+            # An audit of the clients' connections (loopback and Unix sockets only, we hope).
+            Path(trace).mkdir(parents=True, exist_ok=True)
+            log = str(Path(trace) / f"{client.key}.strace")
+            argv = [
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=connect,sendto,sendmmsg",
+                "-s",
+                "120",
+                "-o",
+                log,
+                *argv,
+            ]
         if edit is not None:
             edit(home)
         started = time.monotonic()
