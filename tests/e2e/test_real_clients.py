@@ -120,7 +120,7 @@ def setup_claude(
         "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
-    # `mcp__mcpool` allows every tool of the server, including ones listed later.
+    # `mcp__mcpool` allows every tool of the server, whatever the prefix of its names.
     return [exe, "-p", PROMPT, "--allowedTools", "mcp__mcpool"], env
 
 
