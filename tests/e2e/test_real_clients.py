@@ -56,12 +56,25 @@ CLIENT_RUN_TIMEOUT = 120.0
 # bounds the wait for it (the watcher, a reload, one daemonctl round trip per poll).
 VIEW_CHANGE_TIMEOUT = 15.0
 VIEW_POLL_INTERVAL = 0.2
+# A cold upstream as slow as `npx -y some-server` on a warm npm cache: the first tool list a
+# client takes must wait for it rather than come back empty.
+COLD_UPSTREAM_DELAY = 3.0
 # The two clients of the sharing test meet mid-run; the slower one's cold start bounds this.
 BARRIER_TIMEOUT = 90.0
 
 # Port 9 (discard) on loopback: nothing listens there, so a proxied request fails at once.
 DEAD_PROXY = "http://127.0.0.1:9"
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
+
+# What makes a client wait for its MCP servers before its first model request. Without it
+# Claude Code -p connects in the background and Codex exec gives servers a short grace: with an
+# upstream that takes 3 s to start, both ran the turn without mcpool's tools, silently (issue
+# 13's "cold it gets 0 tools"). Codex's is `required = true` on its mcpool entry, set up for
+# every test. Claude Code's is this environment, set only where the upstream is slow: with it,
+# its re-list after list_changed adds the new tools but keeps the removed ones (without it the
+# list is replaced), which the list_changed check would see. gemini-cli and Qwen Code wait by
+# themselves.
+CLAUDE_WAIT_ENV = {"MCP_CONNECTION_NONBLOCKING": "false", "MCP_CONNECT_TIMEOUT_MS": "60000"}
 
 PROMPT = "Call the mcpool env tool for MCPOOL_TOKEN and tell me what it answered."
 MCPOOL = str(Path(sys.executable).parent / "mcpool")
@@ -149,6 +162,8 @@ def setup_codex(
                 "",
                 "[mcp_servers.mcpool]",
                 f"command = {json.dumps(MCPOOL)}",
+                # Wait for mcpool before the first turn (see CLAUDE_WAIT_ENV).
+                "required = true",
                 f"args = {_toml_list(attach)}",
                 # Codex asks before an MCP tool call unless told; exec cannot ask, so it fails
                 # the call ("requires approval, but approval policy is never").
@@ -251,8 +266,11 @@ def _always_load(row: dict[str, Any]) -> str:
 
 
 def matrix_lines() -> list[str]:
-    columns = ("client", "tool as the model saw it", "deferred", "re-listed", "alwaysLoad", "s")
-    widths = (20, 26, 9, 10, 26, 5)
+    columns = (
+        "client", "tool as the model saw it", "deferred", "re-listed", "alwaysLoad",
+        "cold/slow", "s",
+    )  # fmt: skip
+    widths = (20, 26, 9, 10, 23, 10, 5)
     lines = ["real-client matrix (issue 13):"]
     lines.append(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths, strict=True)).rstrip())
     for key, client in CLIENTS.items():
@@ -266,6 +284,7 @@ def matrix_lines() -> list[str]:
             _yes_no(row.get("deferred")),
             _yes_no(row.get("relisted")),
             _always_load(row),
+            f"{_yes_no(row.get('cold'))}/{_yes_no(row.get('slow'))}",
             seconds,
         )
         lines.append(" ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip())
@@ -283,8 +302,10 @@ def client_exe(peers: dict[str, str], client: Client) -> str:
     return exe
 
 
-def upstream_settings(token: str, spawn_log: Path, include: list[str]) -> dict[str, Any]:
-    entry = fake_server(MCPOOL_TOKEN=token, FAKE_SPAWN_LOG=str(spawn_log))
+def upstream_settings(
+    token: str, spawn_log: Path, include: list[str], **env: str | float
+) -> dict[str, Any]:
+    entry = fake_server(MCPOOL_TOKEN=token, FAKE_SPAWN_LOG=str(spawn_log), **env)
     return {"up": {**entry, "includeTools": include}}
 
 
@@ -497,9 +518,9 @@ async def test_two_real_clients_share_one_upstream_process(
 # Claude Code defers MCP tools behind ToolSearch when tool search is on (ENABLE_TOOL_SEARCH;
 # off by default with a custom ANTHROPIC_BASE_URL) unless a tool carries
 # _meta["anthropic/alwaysLoad"], which mcpool sets for `"alwaysLoadTools": true`. Qwen Code
-# defers every MCP tool whatever its _meta. MCP_CONNECTION_NONBLOCKING=false makes Claude Code
-# wait for its MCP servers before the first request, as it does without tool search.
-TOOL_SEARCH_ENV = {"ENABLE_TOOL_SEARCH": "true", "MCP_CONNECTION_NONBLOCKING": "false"}
+# defers every MCP tool whatever its _meta. Under tool search Claude Code sends its first request
+# while MCP servers are still connecting unless told to wait (CLAUDE_WAIT_ENV).
+TOOL_SEARCH_ENV = {"ENABLE_TOOL_SEARCH": "true", **CLAUDE_WAIT_ENV}
 
 
 @pytest.mark.parametrize(
@@ -572,4 +593,35 @@ async def test_trusted_mcpool_entry_runs_tools_without_yolo(
         client, exe, daemon, settings, tmp_path, script, edit=_trust_mcpool_entry(folder)
     )
     assert run.returncode == 0, run.explain()
+    assert token in run.stdout, run.explain()
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast-upstream", "slow-upstream"])
+@pytest.mark.parametrize("key", list(CLIENTS))
+async def test_real_client_starts_the_daemon_cold(
+    key: str,
+    slow: bool,
+    daemon_factory: DaemonFactory,
+    client_peers: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """No daemon runs: the client's `mcpool attach` starts one (and the upstream), and the
+    first tool list the client takes (Codex and Qwen Code take only one) holds the upstream's
+    tools, also when the upstream is slow to start (with CLAUDE_WAIT_ENV for Claude Code and
+    Codex's `required = true`, which every test here sets up)."""
+    client = CLIENTS[key]
+    exe = client_exe(client_peers, client)
+    # Not started: the bridge starts it; the factory's teardown still kills what it left.
+    daemon = await daemon_factory(start=False)
+    token = f"tok-{uuid.uuid4().hex}"
+    delay = {"FAKE_STARTUP_DELAY": COLD_UPSTREAM_DELAY} if slow else {}
+    settings = daemon.settings_file(
+        "settings.json", upstream_settings(token, tmp_path / "spawns.log", ["env"], **delay)
+    )
+    script = Script(suffix="up__env", arguments={"name": "MCPOOL_TOKEN"})
+    wait = CLAUDE_WAIT_ENV if key == "claude" and slow else None
+    run = await run_client(client, exe, daemon, settings, tmp_path, script, extra_env=wait)
+    MATRIX.setdefault(key, {})["slow" if slow else "cold"] = token in run.stdout
+    assert run.returncode == 0, run.explain()
+    assert script.exposed is not None, run.explain()
     assert token in run.stdout, run.explain()
