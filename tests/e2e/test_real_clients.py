@@ -302,6 +302,21 @@ def client_exe(peers: dict[str, str], client: Client) -> str:
     return exe
 
 
+@pytest.fixture
+def exe(key: str, client_peers: dict[str, str]) -> str:
+    """The parametrized client's executable; a missing client skips here, outside trio, where
+    pytest still shows the reason."""
+    return client_exe(client_peers, CLIENTS[key])
+
+
+PAIR = ("claude", "codex")
+
+
+@pytest.fixture
+def pair_exes(client_peers: dict[str, str]) -> list[str]:
+    return [client_exe(client_peers, CLIENTS[key]) for key in PAIR]
+
+
 def upstream_settings(
     token: str, spawn_log: Path, include: list[str], **env: str | float
 ) -> dict[str, Any]:
@@ -413,10 +428,9 @@ async def run_client(
 
 @pytest.mark.parametrize("key", list(CLIENTS))
 async def test_real_client_calls_an_mcpool_tool_end_to_end(
-    key: str, daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+    key: str, exe: str, daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     client = CLIENTS[key]
-    exe = client_exe(client_peers, client)
     daemon = await daemon_factory()
     token = f"tok-{uuid.uuid4().hex}"
     spawn_log = tmp_path / "spawns.log"
@@ -465,10 +479,10 @@ async def test_real_client_calls_an_mcpool_tool_end_to_end(
 
 
 async def test_two_real_clients_share_one_upstream_process(
-    daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+    pair_exes: list[str], daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    pair = [CLIENTS["claude"], CLIENTS["codex"]]
-    exes = [client_exe(client_peers, client) for client in pair]
+    pair = [CLIENTS[key] for key in PAIR]
+    exes = pair_exes
     daemon = await daemon_factory()
     spawn_log = tmp_path / "spawns.log"
     entry = fake_server(FAKE_SPAWN_LOG=str(spawn_log))
@@ -531,12 +545,11 @@ TOOL_SEARCH_ENV = {"ENABLE_TOOL_SEARCH": "true", **CLAUDE_WAIT_ENV}
 async def test_always_load_tools_under_tool_search(
     key: str,
     always_load: bool,
+    exe: str,
     daemon_factory: DaemonFactory,
-    client_peers: dict[str, str],
     tmp_path: Path,
 ) -> None:
     client = CLIENTS[key]
-    exe = client_exe(client_peers, client)
     daemon = await daemon_factory()
     token = f"tok-{uuid.uuid4().hex}"
     servers = upstream_settings(token, tmp_path / "spawns.log", ["env"])
@@ -569,13 +582,12 @@ def _trust_mcpool_entry(folder: str) -> Callable[[Path], None]:
 
 @pytest.mark.parametrize("key", ["gemini", "qwen"])
 async def test_trusted_mcpool_entry_runs_tools_without_yolo(
-    key: str, daemon_factory: DaemonFactory, client_peers: dict[str, str], tmp_path: Path
+    key: str, exe: str, daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     """gemini-cli and Qwen Code confirm every MCP tool call unless the client's own entry for
     mcpool says `"trust": true`; non-interactive, unconfirmed tools are hidden (gemini-cli) or
     declined (Qwen Code). mcpool's `_meta["mcpool/trust"]` does not count for either."""
     base = CLIENTS[key]
-    exe = client_exe(client_peers, base)
 
     def without_yolo(*args: Any) -> tuple[list[str], dict[str, str]]:
         argv, env = base.setup(*args)
@@ -601,8 +613,8 @@ async def test_trusted_mcpool_entry_runs_tools_without_yolo(
 async def test_real_client_starts_the_daemon_cold(
     key: str,
     slow: bool,
+    exe: str,
     daemon_factory: DaemonFactory,
-    client_peers: dict[str, str],
     tmp_path: Path,
 ) -> None:
     """No daemon runs: the client's `mcpool attach` starts one (and the upstream), and the
@@ -610,7 +622,6 @@ async def test_real_client_starts_the_daemon_cold(
     tools, also when the upstream is slow to start (with CLAUDE_WAIT_ENV for Claude Code and
     Codex's `required = true`, which every test here sets up)."""
     client = CLIENTS[key]
-    exe = client_exe(client_peers, client)
     # Not started: the bridge starts it; the factory's teardown still kills what it left.
     daemon = await daemon_factory(start=False)
     token = f"tok-{uuid.uuid4().hex}"
