@@ -184,10 +184,17 @@ async def test_a_progress_token_of_the_wrong_type_routes_nothing_and_breaks_noth
     assert status == 200, body
     sid = _session_id(head)
     for token in ({}, [1], True, None):
+        # A token is a string or an integer: anything else is invalid params naming the field
+        # (session/_params.py), answered to this request only; the HTTP layer routes nothing.
         listed = rpc(7, "tools/list", {"_meta": {"progressToken": token}})
         status, _, body = await exchange(port, post(listed, session=sid), until=b'"id":7')
         assert status == 200, (token, body)
-        assert b"fake__echo" in body, (token, body)
+        assert b'"code":-32602' in body, (token, body)
+        assert b"params._meta.progressToken" in body, (token, body)
+    # The same session still lists its tools.
+    status, _, body = await exchange(port, post(rpc(8, "tools/list"), session=sid), until=b'"id":8')
+    assert status == 200, body
+    assert b"fake__echo" in body, body
     await still_serving(daemon, port)
 
 
