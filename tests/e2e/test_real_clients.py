@@ -636,3 +636,34 @@ async def test_real_client_starts_the_daemon_cold(
     assert run.returncode == 0, run.explain()
     assert script.exposed is not None, run.explain()
     assert token in run.stdout, run.explain()
+
+
+# 51 characters: `<server>__env` alone fits 64, but not after a client's `mcp__mcpool__` (issue
+# 13 saw Claude Code send 77-character names, which the real Anthropic API rejects; gemini-cli
+# cut them in the middle, Qwen Code at 63).
+LONG_SERVER = "atlassian-confluence-enterprise-workspace-eu-west-1"
+NAME_LIMITS = {"claude": 64, "gemini": 63, "qwen": 63, "codex": 64}
+
+
+@pytest.mark.parametrize("key", list(CLIENTS))
+async def test_long_server_names_fit_the_clients_own_limit(
+    key: str, exe: str, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    client = CLIENTS[key]
+    daemon = await daemon_factory()
+    token = f"tok-{uuid.uuid4().hex}"
+    entry = fake_server(MCPOOL_TOKEN=token)
+    settings = daemon.settings_file(
+        "settings.json", {LONG_SERVER: {**entry, "includeTools": ["env"]}}
+    )
+    script = Script(suffix="__env", arguments={"name": "MCPOOL_TOKEN"})
+    run = await run_client(client, exe, daemon, settings, tmp_path, script)
+    assert run.returncode == 0, run.explain()
+    # The name as the model saw it, the client's own prefix included, fits the client's cap
+    # (mcpool shortened its part from clientInfo.name), and it still routes to the upstream.
+    assert script.exposed is not None, run.explain()
+    # Codex offers each server as a Responses namespace: the recorded `namespace/name` is two
+    # fields, and the cap is the name's.
+    seen = script.exposed.rsplit("/", 1)[-1]
+    assert len(seen) <= NAME_LIMITS[key], script.exposed
+    assert token in run.stdout, run.explain()
