@@ -73,6 +73,7 @@ from mcpool.session import (
 
 from . import _paths
 from ._log import JsonLinesLog, normalize_level
+from ._login import Logins
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -137,6 +138,7 @@ class Daemon:
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
         self.http_bind: tuple[str, int, bool] | None = None
+        self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
 
     # -- logging -------------------------------------------------------------------------------
 
@@ -325,6 +327,7 @@ class Daemon:
                     conn_nursery.start_soon(self._accept_loop, listener)
                     conn_nursery.start_soon(self._watch_signals)
                     conn_nursery.start_soon(self.bridges.run)
+                    conn_nursery.start_soon(self.logins.run)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
                     if self.http_bind is not None:
@@ -814,7 +817,7 @@ class Daemon:
                     "name": e.name,
                     "id": e.lifecycle_id,
                     "fingerprint": e.identity.fingerprint,
-                    "state": e.state.value,
+                    "state": self.logins.shown_state(e),
                     "refs": sorted({h.session_id for h in e.handles.values()}),
                     "pid": up.pid if up is not None else None,
                     "started_at": started_at,
@@ -978,6 +981,16 @@ class Daemon:
         }
 
     _admin_set_server = _admin_setServer
+
+    # OAuth (issue 16): the handlers live in _login.py.
+    async def _admin_login(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self.logins.login(params)
+
+    async def _admin_loginWait(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self.logins.login_wait(params)
+
+    async def _admin_logout(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self.logins.logout(params)
 
     # -- log level and explain (issue 8) -------------------------------------------------------
 

@@ -46,6 +46,7 @@ from ._entry import (
     next_idle_since,
 )
 from ._guardian import Guardian
+from ._oauth import needs_login
 from ._spec import ServerSettings, TransportIdentity, capture_settings
 from ._upstream import StdioUpstream, Upstream
 
@@ -313,7 +314,10 @@ class Pool:
             entry.ready.set()
             # A remote server that is down is waited for (at the backoff cap); a local one that
             # keeps dying is broken until someone changes something.
-            if entry.identity.kind == "stdio" and is_crash_loop(
+            if entry.needs_login:  # retrying cannot help: the user's login restarts it
+                entry.fire(EntryEvent.NEEDS_LOGIN)
+                await entry.restart_requested.wait()
+            elif entry.identity.kind == "stdio" and is_crash_loop(
                 entry.failures,
                 now=now,
                 window=self.options.crash_loop_window,
@@ -355,6 +359,7 @@ class Pool:
         events.upstream = upstream
         upstream.known_era = entry.era
         failure: str | None = None
+        entry.needs_login = False
         try:
             async with trio.open_nursery() as nursery:
                 with trio.fail_after(timeout):
@@ -369,6 +374,7 @@ class Pool:
                 entry.ready.set()
                 events.started(nursery)
         except Exception as exc:
+            entry.needs_login = needs_login(upstream, exc)
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:
@@ -383,6 +389,7 @@ class Pool:
             "the daemon is shutting down",
         ):
             failure = f"{upstream.closed_reason}"
+            entry.needs_login = needs_login(upstream, None)
         if failure is not None:
             failure = _with_exit_details(failure, upstream)
         if entry.snapshot.available:
