@@ -224,6 +224,8 @@ class CallbackListener:
         was registered with: taken, it is an error; a remembered one is only a preference."""
         for candidate in (port, 0) if port and not exact else (port,):
             sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+            # The port of the last login may still have connections in TIME_WAIT.
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
             try:
                 await sock.bind(("127.0.0.1", candidate))
                 sock.listen(8)
@@ -537,6 +539,8 @@ def _provider_class() -> type:
                             # Registering names a redirect URI: only a login has one.
                             raise self._stop()
                         response = yield outgoing
+                        if outgoing is not request:
+                            response = await self._legacy_metadata(outgoing, response)
                         if outgoing is request:
                             self._seen(response)
                             if (
@@ -564,6 +568,32 @@ def _provider_class() -> type:
                 self.context.token_expiry_time = 1.0  # long past: the flow refreshes first
                 del request.headers["authorization"]
 
+        async def _legacy_metadata(
+            self, outgoing: httpx2.Request, response: httpx2.Response
+        ) -> httpx2.Response:
+            """2025-03-26 back-compat: a server without protected resource metadata has its
+            authorization server at its own origin, whose metadata may name an issuer with a
+            path (the 2025-03-26 spec has no issuer check). The SDK holds the legacy path to
+            RFC 8414 §3.3 too and refuses it; we accept such metadata when its issuer is on
+            the server's own origin (the only place the legacy path looks) by presenting it
+            to the SDK under that origin. Any other issuer is still refused."""
+            if (
+                self.context.auth_server_url is not None
+                or response.status_code != 200
+                or not outgoing.url.path.startswith("/.well-known/oauth-authorization-server")
+            ):
+                return response
+            body = _json_object(await response.aread())
+            issuer = body.get("issuer") if body is not None else None
+            server = urlsplit(self.context.server_url)
+            if body is None or not isinstance(issuer, str):
+                return response
+            found = urlsplit(issuer)
+            if (found.scheme, found.netloc) != (server.scheme, server.netloc) or not found.path:
+                return response
+            body["issuer"] = f"{server.scheme}://{server.netloc}"
+            return httpx2.Response(200, json=body, request=outgoing)
+
         def _seen(self, response: httpx2.Response) -> None:
             status = response.status_code
             st = self.broker.state(self.key)
@@ -585,11 +615,18 @@ def _provider_class() -> type:
                 st.challenged_method = None
 
     _PROVIDER = Provider
-    del httpx2
     return Provider
 
 
 _PROVIDER: type | None = None
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class _Head(msgspec.Struct):

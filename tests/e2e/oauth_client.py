@@ -124,12 +124,16 @@ class Run:
         return proc.returncode == 0
 
     async def tool(self, session: ClientSession) -> str | None:
+        """The server's tool once the session has it; None when the server wants a login
+        again (or never offers it)."""
         with trio.move_on_after(STEP_TIMEOUT):
             while True:
                 tools = (await session.list_tools()).tools
                 for tool in tools:
                     if tool.name.endswith("test-tool"):
                         return tool.name
+                if await trio.to_thread.run_sync(self.state) in ("needs-login", "failed"):
+                    return None
                 await trio.sleep(POLL)
         return None
 
@@ -172,6 +176,8 @@ class Run:
             if state == "needs-login" and not await self.login():
                 return False
             if state not in ("needs-login", "active"):
+                proc = self.ctl("servers", "--json")
+                _log(f"servers: {proc.stdout}")
                 return False
             name = await self.tool(session)
             _log(f"tool: {name}")
@@ -182,7 +188,7 @@ class Run:
                     result = await session.call_tool(name, {})
             except Exception as exc:
                 _log(f"call failed: {exc}")
-                if "daemonctl login" in str(exc):
+                if "login" in str(exc).lower():
                     continue
                 return False
             _log(f"call: error={result.is_error}")
