@@ -140,7 +140,7 @@ class Run:
     async def drive(self) -> bool:
         daemon_log = open(self.tmp / "daemon.stderr", "w")  # noqa: SIM115 - closed in finally
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "mcpool", "daemon"],
+            [sys.executable, "-m", "mcpool", "daemon", "--log-level", "debug"],
             env=self.env,
             stdout=daemon_log,
             stderr=subprocess.STDOUT,
