@@ -1,0 +1,268 @@
+"""OAuth (issue 16): the pure decisions, the token store, refresh, logout and X2.
+
+The provider runs against a fake authorization and MCP server behind `httpx2.MockTransport`
+(the fake is of the network, as the HTTP upstream tests use it); the callback parser, method
+choice and challenge parser are plain functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import msgspec
+import pytest
+
+from mcpool.pool import ServerSettings, identity_of
+from mcpool.pool._oauth import (
+    Broker,
+    CallbackResult,
+    NeedsLogin,
+    OAuthSettings,
+    choose_auth_method,
+    parse_callback,
+    parse_challenge,
+)
+from mcpool.pool._tokens import FileBackend, TokenRecord, TokenStore, token_key
+
+URL = "http://mcp.test/mcp"
+OLD, NEW = "access-old-0123456789", "access-new-9876543210"
+REFRESH = "refresh-abcdefghij"
+
+
+def _identity(**oauth: Any) -> Any:
+    settings = ServerSettings(type="http", url=URL)
+    if oauth:
+        settings.oauth = msgspec.convert(oauth, OAuthSettings)
+    return identity_of("remote", settings)
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_callback_with_our_state_is_taken() -> None:
+    head = b"GET /callback?code=abc&state=s1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    assert parse_callback(head, "s1") == (200, CallbackResult(code="abc", state="s1"))
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET /callback?code=abc&state=other HTTP/1.1\r\n\r\n", 400),  # not our login
+        (b"GET /callback?code=abc HTTP/1.1\r\n\r\n", 400),
+        (b"GET /callback?state=s1 HTTP/1.1\r\n\r\n", 400),  # neither code nor error
+        (b"GET /favicon.ico HTTP/1.1\r\n\r\n", 404),
+        (b"POST /callback?code=abc&state=s1 HTTP/1.1\r\n\r\n", 405),
+        (b"garbage", 405),
+    ],
+)
+def test_other_requests_to_the_listener_are_refused(head: bytes, status: int) -> None:
+    assert parse_callback(head, "s1") == (status, None)
+
+
+def test_callback_error_is_reported() -> None:
+    head = b"GET /callback?error=access_denied&error_description=no&state=s1 HTTP/1.1\r\n\r\n"
+    _, result = parse_callback(head, "s1")
+    assert result is not None
+    assert (result.error, result.error_description) == ("access_denied", "no")
+
+
+@pytest.mark.parametrize(
+    ("advertised", "secret", "method"),
+    [
+        (None, True, "client_secret_basic"),  # RFC 8414's default
+        (["client_secret_post"], True, "client_secret_post"),
+        (["client_secret_post", "client_secret_basic"], True, "client_secret_basic"),
+        (["none"], True, "none"),
+        (["client_secret_basic"], False, "none"),
+    ],
+)
+def test_token_endpoint_method_follows_the_server(
+    advertised: list[str] | None, secret: bool, method: str
+) -> None:
+    assert choose_auth_method(advertised, secret) == method
+
+
+def test_challenge_params() -> None:
+    header = 'Bearer error="insufficient_scope", scope="a b", resource_metadata="http://x/y"'
+    assert parse_challenge(header) == {
+        "error": "insufficient_scope",
+        "scope": "a b",
+        "resource_metadata": "http://x/y",
+    }
+
+
+def test_oauth_settings_are_part_of_the_identity_and_tokens_are_not(tmp_path: Path) -> None:
+    plain, registered = _identity(), _identity(clientId="c1")
+    assert plain.fingerprint != registered.fingerprint
+    assert Broker.key_of(plain) != Broker.key_of(registered)
+    assert identity_of("remote", ServerSettings(type="http", url=URL)) == plain
+    # A static Authorization header is the user's own auth: no OAuth for that entry.
+    with_header = identity_of(
+        "remote", ServerSettings(type="http", url=URL, headers={"Authorization": "Bearer x"})
+    )
+    assert Broker.key_of(with_header) is None
+    assert Broker.key_of(_identity(enabled=False)) is None
+
+
+# -- the file store ----------------------------------------------------------------------------
+
+
+def test_file_store_is_private_and_atomic(tmp_path: Path) -> None:
+    folder = tmp_path / "state" / "oauth"
+    store = TokenStore(folder, backend=FileBackend(folder))
+    key = token_key(URL, None)
+    store.save(key, TokenRecord(tokens={"access_token": OLD}, expires_at=1.0))
+    path = folder / f"{key}.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert sorted(p.name for p in folder.iterdir()) == [path.name]  # no temporary left
+    assert store.load(key).tokens == {"access_token": OLD}
+    path.write_bytes(b"{not json")
+    assert store.load(key) == TokenRecord()  # damaged: logged out, not a daemon that fails
+    store.delete(key)
+    assert not path.exists()
+
+
+def test_store_without_a_keyring_backend_is_the_file(tmp_path: Path) -> None:
+    # Here (no desktop session) keyring has no usable backend, or is not installed.
+    assert TokenStore(tmp_path).backend.name == "file"
+
+
+# -- refresh ---------------------------------------------------------------------------------
+
+
+class FakeServer:
+    """An MCP server that takes one access token, and its token endpoint."""
+
+    def __init__(self, accepted: str, *, refresh_ok: bool = True) -> None:
+        self.accepted = accepted
+        self.refresh_ok = refresh_ok
+        self.token_requests: list[dict[str, str]] = []
+        self.seen_tokens: list[str | None] = []
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/token":
+            form = dict(httpx2.QueryParams(request.content.decode()))
+            self.token_requests.append(form)
+            if not self.refresh_ok:
+                return httpx2.Response(400, json={"error": "invalid_grant"})
+            self.accepted = NEW
+            return httpx2.Response(
+                200, json={"access_token": NEW, "token_type": "Bearer", "expires_in": 3600}
+            )
+        if request.url.path == "/mcp":
+            auth = request.headers.get("authorization")
+            self.seen_tokens.append(auth)
+            if auth == f"Bearer {self.accepted}":
+                return httpx2.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {}})
+            return httpx2.Response(
+                401, headers={"www-authenticate": 'Bearer error="invalid_token"'}
+            )
+        return httpx2.Response(404)
+
+
+def _broker(tmp_path: Path, lines: list[str]) -> tuple[Broker, str]:
+    store = TokenStore(tmp_path, backend=FileBackend(tmp_path))
+    broker = Broker(store, log=lambda level, msg, **f: lines.append(f"{msg} {json.dumps(f)}"))
+    key = Broker.key_of(_identity())
+    assert key is not None
+    return broker, key
+
+
+def _stored(broker: Broker, key: str, *, expires_at: float) -> None:
+    broker.store.save(
+        key,
+        TokenRecord(
+            tokens={"access_token": OLD, "refresh_token": REFRESH, "expires_in": 3600},
+            expires_at=expires_at,
+            client={"client_id": "c1", "redirect_uris": ["http://127.0.0.1:9/callback"]},
+        ),
+    )
+
+
+async def _post(broker: Broker, server: FakeServer) -> httpx2.Response:
+    auth = broker.auth_for(_identity())
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(server), auth=auth) as client:
+        return await client.post(URL, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+
+
+async def test_token_is_refreshed_before_it_expires(tmp_path: Path) -> None:
+    lines: list[str] = []
+    broker, key = _broker(tmp_path, lines)
+    # Stored by an earlier daemon: it expires within the refresh margin.
+    _stored(broker, key, expires_at=time.time() + 5)
+    server = FakeServer(accepted=OLD)
+    response = await _post(broker, server)
+    assert response.status_code == 200
+    assert [r["grant_type"] for r in server.token_requests] == ["refresh_token"]
+    assert server.token_requests[0]["refresh_token"] == REFRESH
+    assert server.seen_tokens == [f"Bearer {NEW}"]  # never sent the expiring one
+    record = broker.store.load(key)
+    assert record.tokens is not None
+    assert record.tokens["access_token"] == NEW
+    assert record.tokens["refresh_token"] == REFRESH  # kept: the server did not rotate it
+    assert record.expires_at is not None and record.expires_at > time.time() + 3000
+
+
+async def test_a_401_is_answered_by_a_refresh_before_any_login(tmp_path: Path) -> None:
+    lines: list[str] = []
+    broker, key = _broker(tmp_path, lines)
+    _stored(broker, key, expires_at=time.time() + 3600)
+    server = FakeServer(accepted="revoked-by-the-server")
+    response = await _post(broker, server)
+    assert response.status_code == 200
+    assert [r["grant_type"] for r in server.token_requests] == ["refresh_token"]
+    assert server.seen_tokens == [f"Bearer {OLD}", f"Bearer {NEW}"]
+    assert not broker.state(key).needs_login
+
+
+async def test_failed_refresh_needs_a_login_and_opens_nothing(tmp_path: Path) -> None:
+    lines: list[str] = []
+    broker, key = _broker(tmp_path, lines)
+    _stored(broker, key, expires_at=time.time() - 10)
+    server = FakeServer(accepted=OLD, refresh_ok=False)
+    with pytest.raises(NeedsLogin) as caught:
+        await _post(broker, server)
+    assert "daemonctl login remote" in caught.value.reason
+    assert broker.state(key).needs_login
+    assert broker.shown_state(_identity()) == "needs-login"
+    for text in [*lines, caught.value.reason, json.dumps(caught.value.data)]:
+        for secret in (OLD, NEW, REFRESH):
+            assert secret not in text
+
+
+def test_logout_forgets_the_server(tmp_path: Path) -> None:
+    lines: list[str] = []
+    broker, key = _broker(tmp_path, lines)
+    _stored(broker, key, expires_at=time.time() + 3600)
+    reconnected: list[str] = []
+    broker.on_authorized = reconnected.append
+    assert broker.logout(_identity()) is True
+    assert broker.store.load(key) == TokenRecord()
+    assert not any(tmp_path.glob("*.json"))
+    assert reconnected == [key]  # live connections drop the token they hold
+    assert broker.logout(_identity()) is False
+    assert all(OLD not in line and REFRESH not in line for line in lines)
+
+
+def test_sdk_flow_errors_do_not_reach_stderr() -> None:
+    # The SDK logs flow errors (with tracebacks) at ERROR; we report them ourselves, named.
+    assert logging.getLogger("mcp.client.auth").propagate is False
+
+
+def test_store_file_never_world_readable_even_with_a_loose_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        folder = tmp_path / "oauth"
+        FileBackend(folder).save("k", b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((folder / "k.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
