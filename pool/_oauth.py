@@ -528,6 +528,24 @@ def _provider_class() -> type:
             self, request: httpx2.Request
         ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
             refreshed = self.login is not None  # a login asked for a new authorization
+            pending: httpx2.Response | None = None
+            if self.login is None:
+                # The fast path, outside the SDK flow: it holds one lock per provider from
+                # sending a request until its response's head, which would serialize every
+                # request of the connection behind a slow JSON answer. With a valid token (or
+                # none: a server that may never ask) the request just goes; only an answer
+                # that asks for authorization enters the flow, which is handed that answer.
+                if not self._initialized:
+                    await self._initialize()
+                tokens = self.context.current_tokens
+                if tokens is None or self.context.is_token_valid():
+                    if tokens is not None:
+                        self._add_auth_header(request)
+                    response = yield request
+                    self._seen(response)
+                    if not _asks_for_auth(response):
+                        return
+                    pending = response
             while True:
                 flow = super()._auth_flow(request)
                 retry = False
@@ -538,7 +556,10 @@ def _provider_class() -> type:
                         if self.step == "registration" and self.login is None:
                             # Registering names a redirect URI: only a login has one.
                             raise self._stop()
-                        response = yield outgoing
+                        if outgoing is request and pending is not None:
+                            response, pending = pending, None
+                        else:
+                            response = yield outgoing
                         if outgoing is not request:
                             response = await self._legacy_metadata(outgoing, response)
                         if outgoing is request:
@@ -619,6 +640,14 @@ def _provider_class() -> type:
 
 
 _PROVIDER: type | None = None
+
+
+def _asks_for_auth(response: Any) -> bool:
+    """A 401, or a 403 insufficient_scope (a step-up), as the SDK flow acts on them."""
+    if response.status_code == 401:
+        return True
+    challenge = parse_challenge(response.headers.get("www-authenticate"))
+    return response.status_code == 403 and challenge.get("error") == "insufficient_scope"
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
