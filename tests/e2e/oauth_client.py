@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
@@ -56,6 +57,7 @@ class Run:
         self.sock = self.tmp / "run" / "daemon.sock"
         self.config = self.tmp / "config.json"
         self.transcript: list[str] = []
+        self.facts: dict[str, Any] = {"tools_list_changed": 0}
         scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
         context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
         oauth: dict[str, Any] = {}
@@ -154,11 +156,14 @@ class Run:
             )
             async with (
                 stdio_client(params) as (read, write),
-                ClientSession(read, write) as session,
+                ClientSession(read, write, message_handler=self.message) as session,
             ):
                 with trio.fail_after(STEP_TIMEOUT):
                     await session.initialize()
-                return await self.use(session)
+                ok = await self.use(session)
+                if ok:
+                    await trio.to_thread.run_sync(self.logout)
+                return ok
         finally:
             self.ctl("stop")
             try:
@@ -168,6 +173,19 @@ class Run:
                 daemon.wait()
             daemon_log.close()
             self.keep()
+
+    async def message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.facts["tools_list_changed"] += 1
+
+    def logout(self) -> None:
+        """`daemonctl logout` forgets the tokens; the server wants a login again."""
+        store = self.tmp / "state" / "mcpool" / "oauth"
+        self.facts["records_before_logout"] = len(list(store.glob("*.json")))
+        self.facts["modes"] = {p.name: oct(p.stat().st_mode & 0o777) for p in store.glob("*.json")}
+        proc = self.ctl("logout", NAME, "--json")
+        self.facts["logout"] = proc.returncode == 0 and json.loads(proc.stdout).get("removed")
+        self.facts["records_after_logout"] = len(list(store.glob("*.json")))
 
     async def use(self, session: ClientSession) -> bool:
         for _ in range(MAX_LOGINS):
@@ -205,9 +223,7 @@ class Run:
             for path in [self.tmp / "daemon.stderr", *(self.tmp / "state").rglob("*.log*")]:
                 if path.is_file():
                     shutil.copy(path, dest / path.name)
-            store = self.tmp / "state" / "mcpool" / "oauth"
-            modes = {p.name: oct(p.stat().st_mode & 0o777) for p in store.glob("*.json")}
-            (dest / "store-modes.json").write_text(json.dumps(modes))
+            (dest / "facts.json").write_text(json.dumps(self.facts))
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

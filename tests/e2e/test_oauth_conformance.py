@@ -50,6 +50,9 @@ SCENARIOS = [
     "auth/offline-access-scope",
     "auth/offline-access-not-supported",
 ]
+# Scenarios whose right outcome is a refusal (no authorization, or no more of them): the client
+# exits with an error.
+REFUSED = {"auth/resource-mismatch", "auth/scope-retry-limit"}
 # The suite's tokens: "test-token-<ms>" ("test-token" in the endpoint fallback scenario).
 TOKEN_MARK = "test-token"
 
@@ -96,9 +99,16 @@ def test_conformance_auth_scenario(scenario: str, peers: dict[str, str], tmp_pat
 
     said = {p.name: p.read_text(errors="replace") for p in artifacts.iterdir() if p.is_file()}
     assert "daemon.log" in said, sorted(said)
-    if scenario != "auth/resource-mismatch":
-        assert "authorized" in said["daemon.log"], said["daemon.log"][-2000:]
     for name, text in said.items():
         assert TOKEN_MARK not in text, f"a token in {name}"
-    modes = json.loads(said["store-modes.json"])
-    assert all(mode == "0o600" for mode in modes.values()), modes
+    if scenario in REFUSED:
+        return
+    assert "authorized" in said["daemon.log"], said["daemon.log"][-2000:]
+    facts = json.loads(said["facts.json"])
+    # The session got the server's tools by list_changed once it was authorized.
+    assert facts["tools_list_changed"] >= 1, facts
+    # One record, 0600 (no keyring backend here); logout removed it.
+    assert facts["records_before_logout"] == 1, facts
+    assert set(facts["modes"].values()) == {"0o600"}, facts
+    assert facts["logout"] is True, facts
+    assert facts["records_after_logout"] == 0, facts
