@@ -108,11 +108,17 @@ class NeedsLogin(UpstreamUnavailable):
 
     default_message = "Upstream server needs a login"
 
-    def __init__(self, server: str, *, step_up: bool = False, scope: str | None = None) -> None:
+    def __init__(
+        self, server: str, *, step_up: bool = False, scope: str | None = None, spent: bool = False
+    ) -> None:
         why = f"needs a new login for scope '{scope}'" if step_up and scope else "needs a login"
+        todo = f"run `daemonctl login {server}`"
+        if spent:  # the step-up bound is reached: another login would loop the user
+            why = f"still answers insufficient_scope after {MAX_STEP_UPS} logins"
+            todo = f"fix its settings, or `daemonctl logout {server}` to start over"
         super().__init__(
             server,
-            f"server '{server}' {why}: run `daemonctl login {server}`",
+            f"server '{server}' {why}: {todo}",
             needs_login=True,
             step="authorization",
         )
@@ -426,7 +432,8 @@ def _provider_class() -> type:
             step_up = bool(state.challenge and state.challenge[0] == 403)
             scope = self.context.client_metadata.scope
             self.broker.needs_login(self.key, step_up=step_up, scope=scope)
-            return NeedsLogin(self.name, step_up=step_up, scope=scope)
+            spent = step_up and state.step_ups >= MAX_STEP_UPS
+            return NeedsLogin(self.name, step_up=step_up, scope=scope, spent=spent)
 
         async def _redirect(self, url: str) -> None:
             self.step = "authorization"

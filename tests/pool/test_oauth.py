@@ -14,10 +14,12 @@ import stat
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import msgspec
 import pytest
+import trio
 
 from mcpool.pool import ServerSettings, identity_of
 from mcpool.pool._oauth import (
@@ -266,3 +268,130 @@ def test_store_file_never_world_readable_even_with_a_loose_umask(tmp_path: Path)
         os.umask(old)
     assert stat.S_IMODE((folder / "k.json").stat().st_mode) == 0o600
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_oauth_settings_errors_name_the_field() -> None:
+    from mcpool.daemon._settings import parse_settings
+    from mcpool.protocol import SettingsError
+
+    entry = {"type": "http", "url": URL, "oauth": {"callbackPort": 0}}
+    with pytest.raises(SettingsError) as caught:
+        parse_settings(json.dumps({"mcpServers": {"gh": entry}}).encode(), "c.json")
+    assert caught.value.data["server"] == "gh"
+    assert caught.value.data["field"] == "oauth.callbackPort"
+    # gemini-cli's extra fields are other clients' business: ignored, not an error.
+    entry = {"type": "http", "url": URL, "oauth": {"clientId": "a", "authorizationUrl": "u"}}
+    doc = parse_settings(json.dumps({"mcpServers": {"gh": entry}}).encode(), "c.json")
+    assert doc.mcp_servers["gh"].oauth == OAuthSettings(client_id="a")
+
+
+# -- a login, with the daemon's real loopback listener ---------------------------------------
+
+AS = "http://as.test"
+
+
+def _authorization_server(seen: dict[str, Any]) -> Any:
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        url = str(request.url)
+        if url == URL:
+            prm = "http://mcp.test/.well-known/oauth-protected-resource/mcp"
+            return httpx2.Response(
+                401, headers={"www-authenticate": f'Bearer resource_metadata="{prm}", scope="s1"'}
+            )
+        if url.endswith("/.well-known/oauth-protected-resource/mcp"):
+            return httpx2.Response(200, json={"resource": URL, "authorization_servers": [AS]})
+        if url == f"{AS}/.well-known/oauth-authorization-server":
+            return httpx2.Response(
+                200,
+                json={
+                    "issuer": AS,
+                    "authorization_endpoint": f"{AS}/authorize",
+                    "token_endpoint": f"{AS}/token",
+                    "registration_endpoint": f"{AS}/register",
+                    "response_types_supported": ["code"],
+                    "code_challenge_methods_supported": ["S256"],
+                },
+            )
+        if url == f"{AS}/register":
+            body = json.loads(request.content)
+            seen["registered"] = body
+            return httpx2.Response(
+                201, json={"client_id": "c9", "redirect_uris": body["redirect_uris"]}
+            )
+        if url == f"{AS}/token":
+            seen["token"] = dict(httpx2.QueryParams(request.content.decode()))
+            return httpx2.Response(
+                200,
+                json={"access_token": NEW, "refresh_token": REFRESH, "expires_in": 3600},
+            )
+        return httpx2.Response(404)
+
+    return handle
+
+
+async def _browser(url: str, answers: list[int]) -> None:
+    """What the user's browser does after the authorization server approved: follow the
+    redirect to the daemon (first a request that is not our login's, which is refused)."""
+    query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    redirect = urlsplit(query["redirect_uri"])
+    for state in ("someone-else", query["state"]):
+        stream = await trio.open_tcp_stream("127.0.0.1", redirect.port or 0)
+        async with stream:
+            target = f"{redirect.path}?code=the-code&state={state}"
+            await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = b""
+            while chunk := await stream.receive_some():
+                head += chunk
+        answers.append(int(head.split(b" ", 2)[1]))
+
+
+async def test_login_through_the_loopback_listener(tmp_path: Path) -> None:
+    lines: list[str] = []
+    broker, key = _broker(tmp_path, lines)
+    seen: dict[str, Any] = {}
+    broker.transport_factory = lambda: httpx2.MockTransport(_authorization_server(seen))
+    authorized: list[str] = []
+    broker.on_authorized = authorized.append
+    urls: list[str] = []
+    answers: list[int] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            def on_url(url: str) -> None:
+                urls.append(url)
+                nursery.start_soon(_browser, url, answers)
+
+            result = await broker.login(_identity(), on_url)
+    assert result == {"server": "remote", "authorized": True, "scope": "s1"}
+    assert answers == [400, 200]
+    (url,) = urls
+    query = dict(httpx2.QueryParams(urlsplit(url).query))
+    assert query["code_challenge_method"] == "S256"
+    assert query["resource"] == URL  # RFC 8707
+    assert query["scope"] == "s1"  # from the challenge
+    assert query["redirect_uri"] == seen["registered"]["redirect_uris"][0]
+    assert seen["token"]["code"] == "the-code"
+    assert seen["token"]["code_verifier"]
+    record = broker.store.load(key)
+    assert record.tokens is not None
+    assert record.tokens["access_token"] == NEW
+    assert authorized == [key]  # the server's entries reconnect
+    assert not broker.state(key).needs_login
+    for text in [*lines, json.dumps(result), url]:
+        assert NEW not in text
+        assert REFRESH not in text
+
+
+async def test_step_up_logins_are_bounded(tmp_path: Path) -> None:
+    from mcpool.pool._oauth import MAX_STEP_UPS, OAuthError
+
+    broker, key = _broker(tmp_path, [])
+    for _ in range(MAX_STEP_UPS):
+        broker.needs_login(key, step_up=True, scope="admin")
+        broker.needs_login(key, step_up=True, scope="admin")  # same episode: counted once
+        broker.state(key).needs_login = False  # as a login does
+    assert broker.state(key).step_ups == MAX_STEP_UPS
+    with pytest.raises(OAuthError, match="insufficient_scope after 3 logins"):
+        await broker.login(_identity(), lambda url: None)
+    broker.logout(_identity())
+    assert broker.state(key).step_ups == 0
