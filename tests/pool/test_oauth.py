@@ -36,6 +36,7 @@ from mcpool.pool._tokens import FileBackend, TokenRecord, TokenStore, token_key
 URL = "http://mcp.test/mcp"
 OLD, NEW = "access-old-0123456789", "access-new-9876543210"
 REFRESH = "refresh-abcdefghij"
+WAIT = 10.0  # everything here is in memory or on loopback; this only turns a hang into a failure
 
 
 def _identity(**oauth: Any) -> Any:
@@ -395,3 +396,117 @@ async def test_step_up_logins_are_bounded(tmp_path: Path) -> None:
         await broker.login(_identity(), lambda url: None)
     broker.logout(_identity())
     assert broker.state(key).step_ups == 0
+
+
+# -- the pool: needs-login is a state, not a retry loop ----------------------------------------
+
+ORIGIN = "http://127.0.0.1:1"
+
+
+class GatedServer:
+    """A streamable HTTP (or HTTP+SSE) MCP server that wants a bearer token for everything."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+        self.registrations = 0
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        if path == "/.well-known/oauth-protected-resource/mcp":
+            return httpx2.Response(
+                200, json={"resource": f"{ORIGIN}/mcp", "authorization_servers": [ORIGIN]}
+            )
+        if path == "/.well-known/oauth-authorization-server":
+            return httpx2.Response(
+                200,
+                json={
+                    "issuer": ORIGIN,
+                    "authorization_endpoint": f"{ORIGIN}/authorize",
+                    "token_endpoint": f"{ORIGIN}/token",
+                    "registration_endpoint": f"{ORIGIN}/register",
+                },
+            )
+        if path == "/register":
+            self.registrations += 1
+            return httpx2.Response(400)
+        if request.headers.get("authorization") != f"Bearer {NEW}":
+            self.refused += 1
+            prm = f"{ORIGIN}/.well-known/oauth-protected-resource/mcp"
+            return httpx2.Response(
+                401, headers={"www-authenticate": f'Bearer resource_metadata="{prm}"'}
+            )
+        if request.method != "POST":
+            return httpx2.Response(405 if request.method == "GET" else 200)
+        msg = json.loads(request.content)
+        if "id" not in msg:
+            return httpx2.Response(202)
+        result: dict[str, Any] = {"tools": [{"name": "gated", "inputSchema": {"type": "object"}}]}
+        if msg["method"] == "initialize":
+            result = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "gated", "version": "1"},
+            }
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+
+class _Listener:
+    def snapshot_changed(self, entry: Any) -> None:
+        pass
+
+    def upstream_notification(self, entry: Any, method: str, params: object) -> None:
+        pass
+
+    def server_request(self, entry: Any, upstream: object, msg: object) -> str | None:
+        return "no"
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Any:
+    from mcpool.pool import _oauth
+
+    broker = Broker(TokenStore(tmp_path, backend=FileBackend(tmp_path)))
+    _oauth.install(broker)
+    yield broker
+    _oauth.install(None)
+
+
+@pytest.mark.parametrize("kind", ["http", "sse"])
+async def test_an_entry_waits_in_needs_login_until_a_login_restarts_it(
+    kind: str, installed: Broker, nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    from mcpool.pool import EntryState, Pool, PoolOptions
+    from mcpool.pool._http import HttpUpstream
+
+    server = GatedServer()
+
+    class Gated(HttpUpstream):
+        transport_factory = staticmethod(lambda: httpx2.MockTransport(server.handle))
+
+    pool = Pool(
+        nursery, PoolOptions(backoff_initial=0.01, backoff_max=0.05), upstream_factory=Gated
+    )
+    settings = ServerSettings(type=kind, url=f"{ORIGIN}/mcp")  # type: ignore[arg-type]
+    identity = identity_of("gated", settings)
+    with trio.fail_after(WAIT):
+        handle = await pool.acquire(identity, settings, "s1", _Listener())
+    entry = handle.entry
+    assert entry.state is EntryState.NEEDS_LOGIN
+    assert "daemonctl login gated" in (entry.last_error or "")
+    assert server.registrations == 0  # registering is the login's, with its redirect URI
+    refused = server.refused
+    await trio.sleep(60)  # far past the backoff: nothing retries a server that wants a login
+    assert server.refused == refused
+    assert entry.state is EntryState.NEEDS_LOGIN
+    if kind == "http":
+        # What a login leaves behind: tokens in the store, then the entry's restart.
+        key = Broker.key_of(identity)
+        assert key is not None
+        installed.store.save(key, TokenRecord(tokens={"access_token": NEW, "token_type": "Bearer"}))
+        pool.restart_entry(entry)
+        with trio.fail_after(WAIT):
+            while entry.state is not EntryState.ACTIVE:
+                await entry.state_changed.wait()
+        assert [t["name"] for t in entry.snapshot.tools] == ["gated"]
+    pool.release(handle)
+    await pool.aclose()
