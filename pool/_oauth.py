@@ -33,7 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
@@ -88,6 +88,12 @@ class OAuthSettings(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # A client ID metadata document (an https URL with a path) to use as the client_id when
     # the authorization server supports them, instead of registering.
     client_metadata_url: str | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here so that the settings file's error names it, not a failed connection.
+        url = urlsplit(self.client_metadata_url) if self.client_metadata_url else None
+        if url is not None and (url.scheme != "https" or url.path in ("", "/")):
+            raise ValueError("clientMetadataUrl must be an https URL with a path")
 
 
 _canonical = msgspec.json.Encoder(order="deterministic")
@@ -342,10 +348,7 @@ class KeyState:
     # The JSON-RPC method the last 403 insufficient_scope answered: once it goes through, the
     # step-up worked and the count starts again.
     challenged_method: str | None = None
-    error: str | None = None
     login_running: bool = False
-    authorized_at: float | None = None
-    names: set[str] = field(default_factory=set)
 
 
 class _Login:
@@ -750,7 +753,6 @@ class Broker:
         if key is None:
             return None
         assert identity.url is not None
-        self.state(key).names.add(identity.name)
         settings = oauth_settings_of(identity) or OAuthSettings()
         port = settings.callback_port or 0
         redirect = f"http://127.0.0.1:{port}{CALLBACK_PATH}"
@@ -802,19 +804,16 @@ class Broker:
             finally:
                 listener.close()
         except OAuthError as exc:
-            st.error = exc.reason
             self.log("warning", exc.reason, server=name)
             raise
         finally:
             st.login_running = False
         st.needs_login = False
         st.challenge = None
-        st.error = None
-        st.authorized_at = time.time()
-        scope = self.store.load(key).tokens or {}
+        tokens = self.store.load(key).tokens or {}
         self.log("info", f"server '{name}' authorized", server=name)
         self.on_authorized(key)
-        return {"server": name, "authorized": True, "scope": scope.get("scope")}
+        return {"server": name, "authorized": True, "scope": tokens.get("scope")}
 
     def _port(self, key: str, settings: OAuthSettings) -> int:
         """The configured callback port, else the port the stored registration names (so the
@@ -893,8 +892,6 @@ class Broker:
         self.store.delete(key)
         st = self.state(key)
         st.step_ups = 0
-        st.error = None
-        st.authorized_at = None
         self.log("info", f"server '{identity.name}' logged out", server=identity.name)
         self.on_authorized(key)  # reconnect: the live connections hold the old token
         return had

@@ -284,6 +284,9 @@ def test_oauth_settings_errors_name_the_field() -> None:
     entry = {"type": "http", "url": URL, "oauth": {"clientId": "a", "authorizationUrl": "u"}}
     doc = parse_settings(json.dumps({"mcpServers": {"gh": entry}}).encode(), "c.json")
     assert doc.mcp_servers["gh"].oauth == OAuthSettings(client_id="a")
+    entry = {"type": "http", "url": URL, "oauth": {"clientMetadataUrl": "http://x/doc.json"}}
+    with pytest.raises(SettingsError, match="https URL with a path"):
+        parse_settings(json.dumps({"mcpServers": {"gh": entry}}).encode(), "c.json")
 
 
 # -- a login, with the daemon's real loopback listener ---------------------------------------
