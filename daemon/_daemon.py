@@ -927,7 +927,7 @@ class Daemon:
                 await waits[id(entry)].wait()  # the restart itself is a transition
                 while not (
                     (entry.upstream is not None and entry.upstream is not old)
-                    or entry.state.value in ("crash-loop", "closed", "failed")
+                    or entry.state.value in ("crash-loop", "needs-login", "closed", "failed")
                     or (entry.state.value == "restarting" and entry.last_error)
                 ):
                     await entry.state_changed.wait()
