@@ -344,6 +344,7 @@ class KeyState:
     # The last challenge a request got (status, WWW-Authenticate): a login replays it.
     challenge: tuple[int, str | None] | None = None
     scope: str | None = None
+    step_up: bool = False  # the login wanted is for one operation's scope (a 403)
     step_ups: int = 0
     # The JSON-RPC method the last 403 insufficient_scope answered: once it goes through, the
     # step-up worked and the count starts again.
@@ -636,14 +637,16 @@ def _provider_class() -> type:
                 elif parse_challenge(challenge).get("error") == "insufficient_scope":
                     st.challenge = (status, challenge)
                     st.challenged_method = method
-            elif (
-                status < 400
-                and method is not None
-                and method == st.challenged_method
-                and not st.needs_login
-            ):
-                st.step_ups = 0  # the step-up worked: the count starts again
-                st.challenged_method = None
+            elif status < 400 and "authorization" in response.request.headers:
+                if method is not None and method == st.challenged_method:
+                    st.step_ups = 0  # the step-up worked: the count starts again
+                    st.challenged_method = None
+                    st.needs_login = False
+                elif not st.step_up:
+                    # Our token works again (a refresh, another connection's login): a login
+                    # this server wanted is no longer wanted. A pending step-up is only
+                    # settled by the operation that asked for it.
+                    st.needs_login = False
 
     _PROVIDER = Provider
     return Provider
@@ -732,6 +735,7 @@ class Broker:
         if not st.needs_login and step_up:
             st.step_ups += 1
         st.needs_login = True
+        st.step_up = step_up
         st.scope = scope
 
     def shown_state(self, identity: TransportIdentity) -> str | None:

@@ -218,12 +218,13 @@ async def test_a_401_is_answered_by_a_refresh_before_any_login(tmp_path: Path) -
     lines: list[str] = []
     broker, key = _broker(tmp_path, lines)
     _stored(broker, key, expires_at=time.time() + 3600)
+    broker.needs_login(key, step_up=False, scope=None)  # as an earlier connection left it
     server = FakeServer(accepted="revoked-by-the-server")
     response = await _post(broker, server)
     assert response.status_code == 200
     assert [r["grant_type"] for r in server.token_requests] == ["refresh_token"]
     assert server.seen_tokens == [f"Bearer {OLD}", f"Bearer {NEW}"]
-    assert not broker.state(key).needs_login
+    assert not broker.state(key).needs_login  # the token works again: no login wanted
 
 
 async def test_failed_refresh_needs_a_login_and_opens_nothing(tmp_path: Path) -> None:
