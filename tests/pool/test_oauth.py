@@ -514,3 +514,34 @@ async def test_an_entry_waits_in_needs_login_until_a_login_restarts_it(
         assert [t["name"] for t in entry.snapshot.tools] == ["gated"]
     pool.release(handle)
     await pool.aclose()
+
+
+class FakeKeyring:
+    """The three calls of the `keyring` module the store makes."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, user: str) -> str | None:
+        return self.entries.get((service, user))
+
+    def set_password(self, service: str, user: str, password: str) -> None:
+        self.entries[(service, user)] = password
+
+    def delete_password(self, service: str, user: str) -> None:
+        del self.entries[(service, user)]
+
+
+def test_keyring_backend_keeps_records_out_of_files(tmp_path: Path) -> None:
+    from mcpool.pool._tokens import KEYRING_SERVICE, KeyringBackend
+
+    keyring = FakeKeyring()
+    store = TokenStore(tmp_path, backend=KeyringBackend(keyring))
+    key = token_key(URL, None)
+    store.save(key, TokenRecord(tokens={"access_token": OLD}))
+    assert list(keyring.entries) == [(KEYRING_SERVICE, key)]
+    assert store.load(key).tokens == {"access_token": OLD}
+    assert not any(tmp_path.iterdir())
+    store.delete(key)
+    store.delete(key)  # already gone: not an error
+    assert store.load(key) == TokenRecord()
