@@ -286,10 +286,16 @@ class CallbackListener:
 class _Storage:
     """The SDK's `TokenStorage` over our store, for one record key."""
 
-    def __init__(self, store: TokenStore, key: str, preregistered: Any | None) -> None:
+    def __init__(
+        self, store: TokenStore, key: str, preregistered: Any | None, *, login: bool
+    ) -> None:
         self.store = store
         self.key = key
         self.preregistered = preregistered  # OAuthClientInformationFull from the settings
+        # Only a login records a client: a connection that found the server's client ID
+        # metadata document support on its way to needs-login must not write a record back
+        # (after a logout, that would be a record the user just removed).
+        self.login = login
 
     async def get_tokens(self) -> Any:
         from mcp.shared.auth import OAuthToken
@@ -323,7 +329,7 @@ class _Storage:
             return None
 
     async def set_client_info(self, client_info: Any) -> None:
-        if self.preregistered is not None:
+        if self.preregistered is not None or not self.login:
             return
         record = self.store.load(self.key)
         record.client = client_info.model_dump(mode="json", exclude_none=True)
@@ -411,7 +417,7 @@ def _provider_class() -> type:
                     redirect_uris=[redirect_uri],  # type: ignore[list-item]
                     token_endpoint_auth_method=None,  # chosen from the server's metadata
                 )
-            self.storage = _Storage(broker.store, key, preregistered)
+            self.storage = _Storage(broker.store, key, preregistered, login=login is not None)
             metadata = OAuthClientMetadata(
                 redirect_uris=[redirect_uri],  # type: ignore[list-item]
                 client_name=CLIENT_NAME,
