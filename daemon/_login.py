@@ -63,15 +63,18 @@ class Logins:
         self.daemon = daemon
         self.broker = Broker(TokenStore(_paths.state_dir() / "oauth"), log=daemon.log)
         self.broker.on_authorized = self._reconnect
-        install(self.broker)
+        install(self.broker)  # before any session can start an HTTP upstream
         self._nursery: trio.Nursery | None = None
         self._running: dict[str, _Running] = {}
 
     async def run(self) -> None:
         """The nursery logins run in, for the daemon's life."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await trio.sleep_forever()
+        finally:
+            install(None)
 
     # -- which server a NAME means -------------------------------------------------------------
 
