@@ -545,3 +545,33 @@ def test_keyring_backend_keeps_records_out_of_files(tmp_path: Path) -> None:
     store.delete(key)
     store.delete(key)  # already gone: not an error
     assert store.load(key) == TokenRecord()
+
+
+async def test_requests_with_a_valid_token_are_not_serialized(tmp_path: Path) -> None:
+    # The SDK flow holds a lock from a request until its answer's head: a slow JSON answer
+    # (a long tool call) would hold every other request of the connection behind it.
+    broker, key = _broker(tmp_path, [])
+    _stored(broker, key, expires_at=time.time() + 3600)
+    second_arrived = trio.Event()
+
+    async def handle(request: httpx2.Request) -> httpx2.Response:
+        assert request.headers["authorization"] == f"Bearer {OLD}"
+        if json.loads(request.content)["id"] == 1:
+            await second_arrived.wait()  # answers only once the other request got through
+        else:
+            second_arrived.set()
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": 0, "result": {}})
+
+    auth = broker.auth_for(_identity())
+    transport = httpx2.MockTransport(handle)
+    async with httpx2.AsyncClient(transport=transport, auth=auth) as client:
+
+        async def post(uid: int) -> None:
+            body = {"jsonrpc": "2.0", "id": uid, "method": "tools/call"}
+            assert (await client.post(URL, json=body)).status_code == 200
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, 1)
+                await trio.sleep(0.01)
+                nursery.start_soon(post, 2)
