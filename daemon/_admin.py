@@ -98,6 +98,10 @@ COMMANDS: dict[str, Command] = {
     "setServer": Command(SetServerParams, "setServer"),
     "set-server": Command(SetServerParams, "setServer"),
     "set_server": Command(SetServerParams, "setServer"),
+    # OAuth (daemon/_login.py): a server's name, as for restart.
+    "login": Command(RestartParams, "login"),
+    "loginWait": Command(RestartParams, "loginWait"),
+    "logout": Command(RestartParams, "logout"),
 }
 
 # Only with MCPOOL_TEST_HOOKS=1 in the daemon's environment: a test forces an unexpected error in

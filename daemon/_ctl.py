@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mcpool.daemon import _login
 from mcpool.daemon._paths import (
     UnsafeSocketPath,
     check_daemon_peer,
@@ -198,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     set_server.add_argument("session", metavar="SESSION")
     set_server.add_argument("name", metavar="NAME")
     set_server.add_argument("entry", metavar="JSON", type=_json_object)
+    _login.add_commands(add)
     return parser
 
 
@@ -501,6 +503,8 @@ _COMMANDS: dict[str, Command] = {
     "logs": _cmd_logs,
     "stop": _cmd_stop,
     "session": _cmd_session,
+    "login": _login.cmd_login,
+    "logout": _login.cmd_logout,
 }
 
 

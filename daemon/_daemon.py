@@ -96,6 +96,7 @@ from . import _admin, _paths
 from ._expand import SelfLaunch, check_cwd, for_session, skip_message
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
+from ._login import Logins
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -186,6 +187,7 @@ class Daemon:
         # main() gives it the flock it took for this socket; it may have to take a new one.
         self.listen = ListenSocket(sock_path, None, self.log)
         self.fd_reserve = FdReserve()
+        self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
 
     # -- logging -------------------------------------------------------------------------------
 
@@ -419,6 +421,7 @@ class Daemon:
                     conn_nursery.start_soon(self._accept_loop)
                     conn_nursery.start_soon(self.listen.run, self._stop_for)
                     conn_nursery.start_soon(self.bridges.run)
+                    conn_nursery.start_soon(self.logins.run)
                     self.watcher.watch(self.watched_files())
                     conn_nursery.start_soon(self.watcher.run)
                     if self.http_bind is not None:
@@ -1041,7 +1044,7 @@ class Daemon:
                     "name": e.name,
                     "id": e.lifecycle_id,
                     "fingerprint": e.identity.fingerprint,
-                    "state": e.state.value,
+                    "state": self.logins.shown_state(e),
                     "refs": sorted({h.session_id for h in e.handles.values()}),
                     "pid": up.pid if up is not None else None,
                     "started_at": started_at,
@@ -1180,7 +1183,7 @@ class Daemon:
                 await waits[id(entry)].wait()  # the restart itself is a transition
                 while not (
                     (entry.upstream is not None and entry.upstream is not old)
-                    or entry.state.value in ("crash-loop", "closed", "failed")
+                    or entry.state.value in ("crash-loop", "needs-login", "closed", "failed")
                     or (entry.state.value == "restarting" and entry.last_error)
                 ):
                     await entry.state_changed.wait()
@@ -1236,6 +1239,16 @@ class Daemon:
             "replaced": name in before and before.get(name) is not view,
             "generation": st.session.registry.number,
         }
+
+    # OAuth (issue 16): the handlers live in _login.py.
+    async def _admin_login(self, params: _admin.RestartParams) -> dict[str, Any]:
+        return await self.logins.login(params.name)
+
+    async def _admin_loginWait(self, params: _admin.RestartParams) -> dict[str, Any]:
+        return await self.logins.login_wait(params.name)
+
+    async def _admin_logout(self, params: _admin.RestartParams) -> dict[str, Any]:
+        return await self.logins.logout(params.name)
 
     # -- log level and explain (issue 8) -------------------------------------------------------
 

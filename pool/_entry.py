@@ -35,6 +35,7 @@ class EntryState(enum.Enum):
     DRAINING = "draining"
     RESTARTING = "restarting"
     CRASH_LOOP = "crash-loop"
+    NEEDS_LOGIN = "needs-login"  # an OAuth server waits for `daemonctl login` (issue 16)
     CLOSED = "closed"
     FAILED = "failed"
 
@@ -54,6 +55,7 @@ class EntryEvent(enum.Enum):
     RESTART = "restart"  # a restart attempt begins (after backoff, or asked for)
     CLOSE = "close"  # drained, shut down, or the daemon stops
     GIVE_UP = "give-up"  # a failure with no restart (settings are invalid)
+    NEEDS_LOGIN = "needs-login"  # the server refused us until the user logs in
 
 
 _S, _E = EntryState, EntryEvent
@@ -75,6 +77,9 @@ TRANSITIONS: dict[tuple[EntryState, EntryEvent], EntryState] = {
     (_S.CRASH_LOOP, _E.RESTART): _S.RESTARTING,
     (_S.ACTIVE, _E.RESTART): _S.RESTARTING,
     (_S.DRAINING, _E.RESTART): _S.RESTARTING,
+    **{(s, _E.NEEDS_LOGIN): _S.NEEDS_LOGIN for s in (_S.SPAWNING, _S.RESTARTING, _S.ACTIVE)},
+    (_S.DRAINING, _E.NEEDS_LOGIN): _S.NEEDS_LOGIN,
+    (_S.NEEDS_LOGIN, _E.RESTART): _S.RESTARTING,
     (_S.SPAWNING, _E.GIVE_UP): _S.FAILED,
     (_S.RESTARTING, _E.GIVE_UP): _S.FAILED,
     **{(s, _E.CLOSE): _S.CLOSED for s in EntryState if s not in TERMINAL_STATES},
@@ -230,6 +235,7 @@ class PoolEntry:
         self._next_progress = 1
         self.stderr_history: list[str] = []
         self.era: str | None = None  # the era the last connection found (P1: cached per entry)
+        self.needs_login = False  # the last connection ended for want of an OAuth login
 
     @property
     def name(self) -> str:

@@ -42,7 +42,8 @@ from msgspec import UNSET, Raw, UnsetType
 
 from mcpool.protocol import MODERN_VERSION, McpoolError, Message, UpstreamUnavailable
 
-from . import _eras
+from . import _eras, _oauth
+from ._oauth import NeedsLogin
 from ._spec import TransportIdentity, redact_url
 from ._upstream import UPSTREAM_WRITE_BUFFER, Upstream, UpstreamEvents
 
@@ -116,6 +117,7 @@ class HttpUpstream(Upstream):
         self._post_scopes: dict[int, trio.CancelScope] = {}
         self._related: int | None = None
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
+        self.needs_login: NeedsLogin | None = None  # the server wants `daemonctl login`
 
     # -- the transport (what Upstream asks of it) -------------------------------------------
 
@@ -172,6 +174,7 @@ class HttpUpstream(Upstream):
             ),
             follow_redirects=False,
             transport=self.transport_factory() if self.transport_factory is not None else None,
+            auth=_oauth.auth_for(self.identity),  # None unless the daemon does OAuth (issue 16)
         )
         self._open = True
         try:
@@ -258,6 +261,8 @@ class HttpUpstream(Upstream):
             with scope:
                 async with client.stream("POST", url, content=body, headers=headers) as resp:
                     await self._answer(resp, uid, sent_session, last)
+        except NeedsLogin as exc:
+            self._login_needed(uid, exc)
         except Exception as exc:  # any failure of the connection or stream ends it
             if uid is None or not await self._resume(client, uid, last):
                 self._drop(f"lost its connection to {redact_url(url)} ({self._why(exc)})")
@@ -391,6 +396,9 @@ class HttpUpstream(Upstream):
                             self._note(f"GET stream refused: HTTP {status}")
                         return
                     last = await self._read_events(resp, related=None)
+            except NeedsLogin as exc:
+                self._login_needed(None, exc)
+                return
             except Exception as exc:  # any failure of the connection or stream ends it
                 self._drop(f"lost its connection to {redact_url(self.url)} ({self._why(exc)})")
                 return
@@ -461,6 +469,18 @@ class HttpUpstream(Upstream):
             self._note(reason)
         self.request_close(reason)
         self._fail_pending()
+
+    def _login_needed(self, uid: int | None, exc: NeedsLogin) -> None:
+        """The server wants a login: the request fails saying so. A step-up (403
+        insufficient_scope for one operation) leaves the connection up for the others."""
+        self.needs_login = exc
+        self._note(exc.reason)
+        cb = self._pending.pop(uid, None) if uid is not None else None
+        if cb is not None:
+            error = Raw(msgspec.json.encode(exc.to_error_object()))
+            cb(Message(jsonrpc="2.0", id=uid, error=error))
+        if not exc.step_up:
+            self._drop(exc.reason)
 
     def _fail_one(self, uid: int | None, what: str) -> None:
         if uid is None:

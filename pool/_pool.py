@@ -46,6 +46,7 @@ from ._entry import (
     next_idle_since,
 )
 from ._guardian import Guardian
+from ._oauth import needs_login
 from ._spec import ServerSettings, TransportIdentity, capture_settings
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
@@ -373,7 +374,10 @@ class Pool:
             # A remote server that is down is waited for (at the backoff cap); a local one that
             # keeps dying rests for the cooldown (or until a session attaches, a restart or a
             # settings change), and one that fails again after a retry goes straight back.
-            if entry.identity.kind == "stdio" and (
+            if entry.needs_login:  # retrying cannot help: the user's login restarts it
+                entry.fire(EntryEvent.NEEDS_LOGIN)
+                await entry.restart_requested.wait()
+            elif entry.identity.kind == "stdio" and (
                 entry.crash_looped
                 or is_crash_loop(
                     entry.failures, now=now, window=window, limit=self.options.crash_loop_failures
@@ -421,6 +425,7 @@ class Pool:
         upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
         entry.up_since = None
+        entry.needs_login = False
         try:
             async with trio.open_nursery() as nursery:
                 # Closing the entry while it starts (`_close_entry`) cancels this scope.
@@ -442,6 +447,7 @@ class Pool:
                 entry.ready.set()
                 events.started(nursery)
         except Exception as exc:
+            entry.needs_login = needs_login(upstream, exc)
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:
@@ -458,6 +464,7 @@ class Pool:
             "the daemon is shutting down",
         ):
             failure = f"{upstream.closed_reason}"
+            entry.needs_login = needs_login(upstream, None)
         if failure is not None:
             # An error may quote a header or env value (h11: "Illegal header value b'...'").
             failure = entry.identity.redact(_with_exit_details(failure, upstream))

@@ -22,6 +22,8 @@ from msgspec import UNSET, UnsetType
 
 from mcpool.protocol import SettingsError
 
+from ._oauth import OAuthSettings, oauth_identity
+
 TransportKind = Literal["stdio", "http", "sse"]
 Scope = Literal["shared", "workspace", "session"]
 
@@ -52,6 +54,8 @@ class ServerSettings(
     scope: Scope = "shared"
     prefix: bool = True
     roots: list[str] = msgspec.field(default_factory=list)
+    # OAuth for an HTTP/SSE server (issue 16): pre-registered client, scopes, callback port.
+    oauth: OAuthSettings | None = None
 
 
 def capture_settings(s: ServerSettings) -> ServerSettings:
@@ -126,6 +130,8 @@ class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
     roots: tuple[str, ...]
     # Only with pooling switched off: the policy key joins the identity (issue: pool=false).
     policy: str | None = None
+    # The canonical OAuth settings: entries that differ in them hold different logins.
+    oauth: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -196,6 +202,7 @@ def identity_of(
             scope=s.scope,
             roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
             policy=policy,
+            oauth=oauth_identity(s.oauth) if kind != "stdio" else None,
         )
     )
 

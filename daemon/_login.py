@@ -1,0 +1,234 @@
+"""OAuth logins (issue 16): the daemon's admin handlers and the `daemonctl login/logout` commands.
+
+The daemon side (`Logins`) owns the pool layer's OAuth `Broker` and a nursery for logins in
+progress. A login is two admin requests, so that the user's side (daemonctl, which has the
+display and the browser) sits between them: `login` starts the flow and answers with the
+authorization URL as soon as the flow has one; `loginWait` answers once the redirect came back
+and the tokens are stored (or with the error, naming the step). Once a server is authorized,
+its entries reconnect, and their sessions get its tools by list_changed. The daemon never opens
+a browser: `daemonctl login` does, with Python's `webbrowser` (which honours `$BROWSER`).
+
+The daemon's answers never carry a token: a login's result is the server, whether it is
+authorized, and the granted scope.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mcpool.pool import identity_of
+from mcpool.pool._oauth import LOGIN_TIMEOUT, Broker, OAuthError, install
+from mcpool.pool._tokens import TokenStore
+from mcpool.protocol import INVALID_PARAMS, McpoolError
+
+from . import _paths
+from ._settings import settings_base_dir
+
+if TYPE_CHECKING:
+    from mcpool.pool import PoolEntry, TransportIdentity
+
+    from ._ctl import AdminClient
+    from ._daemon import Daemon
+
+# `login` answers once the flow has its authorization URL: discovery and registration are a
+# few requests to the servers, each bounded by the flow's own request timeout.
+URL_WAIT = 60.0
+# daemonctl waits for `loginWait` a little longer than the daemon waits for the browser.
+WAIT_SLACK = 30.0
+
+
+class _Running:
+    """One login in progress, as the two admin requests see it."""
+
+    def __init__(self, identity: TransportIdentity) -> None:
+        self.identity = identity
+        self.url: str | None = None
+        self.has_url = trio.Event()
+        self.done = trio.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: McpoolError | None = None
+
+    def got_url(self, url: str) -> None:
+        self.url = url
+        self.has_url.set()
+
+
+class Logins:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.broker = Broker(TokenStore(_paths.state_dir() / "oauth"), log=daemon.log)
+        self.broker.on_authorized = self._reconnect
+        install(self.broker)  # before any session can start an HTTP upstream
+        self._nursery: trio.Nursery | None = None
+        self._running: dict[str, _Running] = {}
+
+    async def run(self) -> None:
+        """The nursery logins run in, for the daemon's life."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await trio.sleep_forever()
+        finally:
+            install(None)
+
+    # -- which server a NAME means -------------------------------------------------------------
+
+    def identity(self, name: str) -> TransportIdentity:
+        """The entry of that name that waits for a login, else any entry of it, else the
+        server of that name in the settings files the daemon has read."""
+        pool = self.daemon.pool
+        entries = [e for e in pool.entries() if e.name == name] if pool is not None else []
+        for entry in entries:
+            if self.shown_state(entry) == "needs-login":
+                return entry.identity
+        for entry in entries:
+            if Broker.key_of(entry.identity) is not None:
+                return entry.identity
+        config = self.daemon.config_path
+        for path, loaded in sorted(self.daemon.files.items(), key=lambda kv: kv[0] != config):
+            settings = loaded.servers.get(name)
+            if settings is None:
+                continue
+            identity = identity_of(name, settings, base_dir=settings_base_dir(path, config))
+            if Broker.key_of(identity) is None:
+                raise McpoolError(
+                    f"server '{name}' does not use OAuth (stdio, an Authorization header, or "
+                    "oauth.enabled false)",
+                    message=f"No OAuth for {name}",
+                    code=INVALID_PARAMS,
+                    server=name,
+                )
+            return identity
+        raise McpoolError(
+            f"no server is named {name!r}", message=f"Unknown server {name}", code=INVALID_PARAMS
+        )
+
+    def shown_state(self, entry: PoolEntry) -> str:
+        """The state `daemonctl servers` shows: needs-login also for a live connection one of
+        whose operations wants a new login (a step-up)."""
+        return self.broker.shown_state(entry.identity) or entry.state.value
+
+    def _reconnect(self, key: str) -> None:
+        pool = self.daemon.pool
+        if pool is None:
+            return
+        for entry in pool.entries():
+            if Broker.key_of(entry.identity) == key:
+                pool.restart_entry(entry)
+
+    # -- admin requests ------------------------------------------------------------------------
+
+    async def login(self, name: str) -> dict[str, Any]:
+        identity = self.identity(name)
+        key = Broker.key_of(identity)
+        assert key is not None
+        assert self._nursery is not None
+        running = self._running.get(key)
+        if running is None or running.done.is_set():
+            running = self._running[key] = _Running(identity)
+            self._nursery.start_soon(self._login, running)
+        with trio.move_on_after(URL_WAIT):
+            async with trio.open_nursery() as race:
+
+                async def first(event: trio.Event) -> None:
+                    await event.wait()
+                    race.cancel_scope.cancel()
+
+                race.start_soon(first, running.has_url)
+                race.start_soon(first, running.done)
+        if running.error is not None:
+            raise running.error
+        if running.url is None and running.result is None:
+            raise OAuthError(name, "discovery", f"no authorization URL within {URL_WAIT:g} s")
+        return {"server": name, "url": running.url, "done": running.done.is_set()}
+
+    async def _login(self, running: _Running) -> None:
+        try:
+            running.result = await self.broker.login(running.identity, running.got_url)
+        except McpoolError as exc:
+            running.error = exc
+        except Exception as exc:  # a login's failure is its caller's, never the daemon's
+            running.error = OAuthError(running.identity.name, "authorization", repr(exc))
+        finally:
+            running.done.set()
+
+    async def login_wait(self, name: str) -> dict[str, Any]:
+        identity = self.identity(name)
+        running = self._running.get(Broker.key_of(identity) or "")
+        if running is None:
+            raise McpoolError(
+                f"no login of {name!r} is running", message="No login", code=INVALID_PARAMS
+            )
+        with trio.move_on_after(LOGIN_TIMEOUT + WAIT_SLACK / 2):
+            await running.done.wait()
+        if running.error is not None:
+            raise running.error
+        if running.result is None:
+            raise OAuthError(name, "authorization", "the login is still running")
+        return running.result
+
+    async def logout(self, name: str) -> dict[str, Any]:
+        identity = self.identity(name)
+        return {"server": name, "removed": self.broker.logout(identity)}
+
+
+# -- daemonctl login / logout ----------------------------------------------------------------
+
+
+def add_commands(add: Any) -> None:
+    """The two commands' arguments (daemonctl's parser calls this)."""
+    login = add("login", "authorize an OAuth server in your browser, once for every session")
+    login.add_argument("name", metavar="NAME")
+    login.add_argument(
+        "--no-browser", action="store_true", help="print the URL only; open it yourself"
+    )
+    logout = add("logout", "forget an OAuth server's tokens")
+    logout.add_argument("name", metavar="NAME")
+
+
+def cmd_login(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+    from ._ctl import EXIT_FAILED, EXIT_OK, AdminClient, _print_json, progress
+
+    started = client.call("login", {"name": args.name})
+    url = started.get("url")
+    opened = False
+    if isinstance(url, str) and not started.get("done"):
+        sys.stderr.write(f"Open this URL to authorize {args.name}:\n  {url}\n")
+        sys.stderr.flush()
+        if not args.no_browser:
+            try:
+                opened = webbrowser.open(url)
+            except webbrowser.Error:
+                opened = False
+            if not opened:
+                sys.stderr.write("(no browser could be started: open the URL yourself)\n")
+    waiter = AdminClient(client.path, timeout=LOGIN_TIMEOUT + WAIT_SLACK)
+    try:
+        with progress(f"waiting for the authorization of {args.name}", as_json):
+            result = waiter.call("loginWait", {"name": args.name})
+    finally:
+        waiter.close()
+    result = {**result, "browser": opened}
+    if as_json:
+        _print_json(result)
+    else:
+        scope = result.get("scope")
+        sys.stdout.write(f"{args.name}: authorized{f' (scope {scope})' if scope else ''}\n")
+    return EXIT_OK if result.get("authorized") else EXIT_FAILED
+
+
+def cmd_logout(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+    from ._ctl import EXIT_OK, _print_json
+
+    result = client.call("logout", {"name": args.name})
+    if as_json:
+        _print_json(result)
+    else:
+        what = "logged out" if result.get("removed") else "had no stored login"
+        sys.stdout.write(f"{args.name}: {what}\n")
+    return EXIT_OK

@@ -1,0 +1,995 @@
+"""OAuth 2.1 for HTTP and SSE upstreams, done once per user in the daemon (issue 16).
+
+Theory of operation. What is the SDK's and what is ours:
+
+- The protocol steps are the `mcp` SDK's `OAuthClientProvider` (an `httpx2.Auth` flow, the
+  same HTTP client `_http` uses): protected resource metadata discovery (RFC 9728, the
+  `resource_metadata` of `WWW-Authenticate`, then the path and root well-known URLs), the
+  resource check (a PRM `resource` that is not this server is refused), authorization server
+  metadata (RFC 8414 and OpenID Connect discovery in the spec's order; the 2025-03-26 root
+  fallbacks), scope selection (challenge, then `scopes_supported`, omitted when undefined;
+  `offline_access` when offered; the step-up union on 403 `insufficient_scope`), client ID
+  metadata documents, dynamic client registration (RFC 7591), PKCE S256, `resource` (RFC 8707),
+  the token request with `client_secret_basic` / `client_secret_post` / `none`, and refresh.
+- Ours (`_Provider`, a subclass): the daemon never waits for a person inside a request. A
+  connection's flow that would need one (register a client, open the authorization URL) stops
+  with `NeedsLogin` instead; the entry shows `needs-login` and waits. `daemonctl login` runs the
+  interactive half here (`Broker.login`): it feeds the flow the challenge the server last gave
+  (or asks the server once), hands the authorization URL to daemonctl, which opens the user's
+  browser, and takes the redirect on a loopback listener of the daemon. Also ours: refresh on a
+  401 before any new login (the SDK goes straight to a new authorization), refresh a margin
+  before expiry (and after a restart, from the stored expiry), the token endpoint method of
+  pre-registered credentials chosen from what the server advertises, a bounded number of
+  step-up logins, the token store (`_tokens`), and errors that name the server and the step.
+
+Tokens are never logged or shown (X2): nothing here formats a token, and the SDK's own logger
+(which logs flow errors with tracebacks) is silenced; what the user sees is our messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+import trio
+
+from mcpool.protocol import LATEST_HANDSHAKE, McpoolError, UpstreamUnavailable
+
+from ._tokens import TokenRecord, TokenStore, token_key
+
+if TYPE_CHECKING:
+    import httpx2
+
+    from ._spec import TransportIdentity
+
+# An access token is refreshed this long before the server says it expires (clock skew, and
+# the time a request takes), or at half its lifetime when that is shorter.
+REFRESH_MARGIN = 60.0
+# The user has this long to finish in the browser after `daemonctl login` printed the URL.
+LOGIN_TIMEOUT = 300.0
+# A 403 insufficient_scope is answered with a new login at most this many times in a row for
+# one server; then the server is refused until its settings change or the user logs out (a
+# server that never accepts the scope it asks for must not loop the user through the browser).
+MAX_STEP_UPS = 3
+# The redirect's request head must arrive within this (a local client that connects and
+# says nothing must not hold the listener).
+CALLBACK_READ_TIMEOUT = 10.0
+MAX_CALLBACK_HEAD = 16 * 1024  # a redirect's request line and headers; more is not one
+# Discovery, registration and token requests, and the login's probe, are short exchanges.
+OAUTH_REQUEST_TIMEOUT = 30.0
+CALLBACK_PATH = "/callback"
+CLIENT_NAME = "mcpool"
+
+Step = Literal["discovery", "registration", "authorization", "token", "refresh"]
+
+# The SDK logs every flow error with its traceback at ERROR; with no handler configured that
+# reaches stderr through logging.lastResort. Our errors carry the same facts, named.
+_sdk_log = logging.getLogger("mcp.client.auth")
+_sdk_log.addHandler(logging.NullHandler())
+_sdk_log.propagate = False
+
+
+class OAuthSettings(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """An entry's `"oauth"` object, the shape gemini-cli and Claude Code use. Unknown fields
+    (gemini's authorizationUrl, tokenUrl, audiences...) are ignored: discovery finds those."""
+
+    enabled: bool = True
+    client_id: str | None = None
+    client_secret: str | None = None
+    scopes: list[str] | None = None
+    callback_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+    # A client ID metadata document (an https URL with a path) to use as the client_id when
+    # the authorization server supports them, instead of registering.
+    client_metadata_url: str | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here so that the settings file's error names it, not a failed connection.
+        url = urlsplit(self.client_metadata_url) if self.client_metadata_url else None
+        if url is not None and (url.scheme != "https" or url.path in ("", "/")):
+            raise ValueError("clientMetadataUrl must be an https URL with a path")
+
+
+_canonical = msgspec.json.Encoder(order="deterministic")
+
+
+def oauth_identity(settings: OAuthSettings | None) -> str | None:
+    """The canonical form of an entry's OAuth settings, part of its transport identity."""
+    return None if settings is None else _canonical.encode(settings).decode()
+
+
+def oauth_settings_of(identity: TransportIdentity) -> OAuthSettings | None:
+    text = getattr(identity, "oauth", None)
+    return msgspec.json.decode(text, type=OAuthSettings) if text else None
+
+
+class NeedsLogin(UpstreamUnavailable):
+    """The server wants an authorization that only the user can give: `daemonctl login`."""
+
+    default_message = "Upstream server needs a login"
+
+    def __init__(
+        self, server: str, *, step_up: bool = False, scope: str | None = None, spent: bool = False
+    ) -> None:
+        why = f"needs a new login for scope '{scope}'" if step_up and scope else "needs a login"
+        todo = f"run `daemonctl login {server}`"
+        if spent:  # the step-up bound is reached: another login would loop the user
+            why = f"still answers insufficient_scope after {MAX_STEP_UPS} logins"
+            todo = f"fix its settings, or `daemonctl logout {server}` to start over"
+        super().__init__(
+            server,
+            f"server '{server}' {why}: {todo}",
+            needs_login=True,
+            step="authorization",
+        )
+        self.step_up = step_up
+
+
+class OAuthError(UpstreamUnavailable):
+    """A step of the OAuth flow failed: the server, the step and the server's error."""
+
+    default_message = "Upstream server authorization failed"
+
+    def __init__(self, server: str, step: Step, detail: str) -> None:
+        super().__init__(server, f"server '{server}': OAuth {step} failed: {detail}", step=step)
+        self.step = step
+
+
+def choose_auth_method(advertised: list[str] | None, has_secret: bool) -> str:
+    """The token endpoint authentication of a client with (or without) a secret, from what
+    the authorization server advertises (RFC 8414: absent means client_secret_basic)."""
+    if not has_secret:
+        return "none"
+    offered = advertised or ["client_secret_basic"]
+    for method in ("client_secret_basic", "client_secret_post"):
+        if method in offered:
+            return method
+    return "none" if "none" in offered else "client_secret_basic"
+
+
+def parse_challenge(header: str | None) -> dict[str, str]:
+    """The auth-params of a `WWW-Authenticate: Bearer k="v", ...` header (RFC 6750 §3)."""
+    params: dict[str, str] = {}
+    if not header:
+        return params
+    import re
+
+    for m in re.finditer(r'([A-Za-z_][A-Za-z0-9_-]*)=(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))', header):
+        params[m.group(1).lower()] = m.group(2) if m.group(2) is not None else m.group(3)
+    return params
+
+
+# -- the loopback redirect ------------------------------------------------------------------
+
+
+class CallbackResult(msgspec.Struct, frozen=True):
+    code: str | None = None
+    state: str | None = None
+    iss: str | None = None
+    error: str | None = None
+    error_description: str | None = None
+
+
+def parse_callback(head: bytes, expected_state: str | None) -> tuple[int, CallbackResult | None]:
+    """The HTTP status to answer a request to the listener with, and the redirect's result
+    when it is the one we wait for (right path, our `state`). Pure: tested without sockets."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ")
+    if len(parts) != 3 or parts[0] != "GET":
+        return 405, None
+    target = urlsplit(parts[1])
+    if target.path != CALLBACK_PATH:
+        return 404, None
+    query = {k: v[0] for k, v in parse_qs(target.query).items()}
+    state = query.get("state")
+    if expected_state is None or state is None or not secrets.compare_digest(state, expected_state):
+        return 400, None
+    result = CallbackResult(
+        code=query.get("code"),
+        state=state,
+        iss=query.get("iss"),
+        error=query.get("error"),
+        error_description=query.get("error_description"),
+    )
+    if result.code is None and result.error is None:
+        return 400, None
+    return 200, result
+
+
+def _page(status: int, server: str) -> bytes:
+    text = {
+        200: f"mcpool: the authorization of {server} reached the daemon. You can close this tab.",
+        400: "mcpool: this is not the authorization mcpool is waiting for.",
+    }.get(status, "mcpool: not found.")
+    body = f"<!doctype html><meta charset=utf-8><title>mcpool</title><p>{text}</p>\n".encode()
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+    return (
+        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
+        "Content-Type: text/html; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n"
+    ).encode() + body
+
+
+class CallbackListener:
+    """The daemon's loopback listener for one login's redirect (127.0.0.1, RFC 8252 §7.3)."""
+
+    def __init__(self, server: str, sock: trio.socket.SocketType) -> None:
+        self.server = server
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
+        self.expected_state: str | None = None
+        self._send, self._receive = trio.open_memory_channel[CallbackResult](1)
+
+    @property
+    def redirect_uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}{CALLBACK_PATH}"
+
+    @classmethod
+    async def bind(cls, server: str, port: int, *, exact: bool) -> CallbackListener:
+        """Listen on `port` (0: any). A port the settings name is the redirect URI the client
+        was registered with: taken, it is an error; a remembered one is only a preference."""
+        for candidate in (port, 0) if port and not exact else (port,):
+            sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+            # The port of the last login may still have connections in TIME_WAIT.
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+            try:
+                await sock.bind(("127.0.0.1", candidate))
+                sock.listen(8)
+            except OSError as exc:
+                sock.close()
+                if candidate == 0 or exact:
+                    raise OAuthError(
+                        server, "authorization", f"cannot listen for the redirect: {exc}"
+                    ) from exc
+                continue
+            return cls(server, sock)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                conn, _ = await self.sock.accept()
+                nursery.start_soon(self._one, conn)
+
+    async def _one(self, conn: trio.socket.SocketType) -> None:
+        with conn:
+            head = b""
+            with trio.move_on_after(CALLBACK_READ_TIMEOUT):
+                while b"\r\n\r\n" not in head and len(head) < MAX_CALLBACK_HEAD:
+                    chunk = await conn.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+            status, result = parse_callback(head, self.expected_state)
+            with contextlib.suppress(OSError), trio.move_on_after(CALLBACK_READ_TIMEOUT):
+                await conn.send(_page(status, self.server))
+            if result is not None:
+                with contextlib.suppress(trio.WouldBlock):
+                    self._send.send_nowait(result)
+
+    async def wait(self) -> CallbackResult:
+        return await self._receive.receive()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- the token storage the SDK provider reads and writes --------------------------------------
+
+
+class _Storage:
+    """The SDK's `TokenStorage` over our store, for one record key."""
+
+    def __init__(
+        self, store: TokenStore, key: str, preregistered: Any | None, *, login: bool
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.preregistered = preregistered  # OAuthClientInformationFull from the settings
+        # Only a login records a client: a connection that found the server's client ID
+        # metadata document support on its way to needs-login must not write a record back
+        # (after a logout, that would be a record the user just removed).
+        self.login = login
+
+    async def get_tokens(self) -> Any:
+        from mcp.shared.auth import OAuthToken
+
+        tokens = self.store.load(self.key).tokens
+        if not tokens:
+            return None
+        try:
+            return OAuthToken.model_validate(tokens)
+        except ValueError:
+            return None
+
+    async def set_tokens(self, tokens: Any) -> None:
+        record = self.store.load(self.key)
+        record.tokens = tokens.model_dump(mode="json", exclude_none=True)
+        expires_in = tokens.expires_in
+        record.expires_at = time.time() + float(expires_in) if expires_in else None
+        self.store.save(self.key, record)
+
+    async def get_client_info(self) -> Any:
+        if self.preregistered is not None:
+            return self.preregistered
+        from mcp.shared.auth import OAuthClientInformationFull
+
+        client = self.store.load(self.key).client
+        if not client:
+            return None
+        try:
+            return OAuthClientInformationFull.model_validate(client)
+        except ValueError:
+            return None
+
+    async def set_client_info(self, client_info: Any) -> None:
+        if self.preregistered is not None or not self.login:
+            return
+        record = self.store.load(self.key)
+        record.client = client_info.model_dump(mode="json", exclude_none=True)
+        self.store.save(self.key, record)
+
+    def expires_at(self) -> float | None:
+        return self.store.load(self.key).expires_at
+
+
+# -- per-server state the broker keeps --------------------------------------------------------
+
+
+@dataclass
+class KeyState:
+    """What the daemon knows of one token record's server (never the tokens themselves)."""
+
+    needs_login: bool = False
+    # The last challenge a request got (status, WWW-Authenticate): a login replays it.
+    challenge: tuple[int, str | None] | None = None
+    scope: str | None = None
+    step_up: bool = False  # the login wanted is for one operation's scope (a 403)
+    step_ups: int = 0
+    # The JSON-RPC method the last 403 insufficient_scope answered: once it goes through, the
+    # step-up worked and the count starts again.
+    challenged_method: str | None = None
+    login_running: bool = False
+
+
+class _Login:
+    """The interactive half of one login: where the URL goes and where the redirect comes."""
+
+    def __init__(self, listener: CallbackListener, on_url: Callable[[str], None]) -> None:
+        self.listener = listener
+        self.on_url = on_url
+
+    async def redirect(self, url: str) -> None:
+        self.listener.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]
+        self.on_url(url)
+
+    async def callback(self) -> Any:
+        from mcp.shared.auth import AuthorizationCodeResult
+
+        result = await self.listener.wait()
+        if result.error is not None:
+            detail = result.error + (
+                f": {result.error_description}" if result.error_description else ""
+            )
+            raise OAuthError(self.listener.server, "authorization", f"the server answered {detail}")
+        return AuthorizationCodeResult(code=result.code or "", state=result.state, iss=result.iss)
+
+
+def _provider_class() -> type:
+    """Our subclass of the SDK provider, built on first use (the SDK is imported only when an
+    HTTP upstream starts, as the HTTP client is)."""
+    global _PROVIDER
+    if _PROVIDER is not None:
+        return _PROVIDER
+    import httpx2
+    from mcp.client.auth import OAuthClientProvider
+
+    class Provider(OAuthClientProvider):
+        def __init__(
+            self,
+            broker: Broker,
+            name: str,
+            key: str,
+            settings: OAuthSettings,
+            server_url: str,
+            redirect_uri: str,
+            login: _Login | None,
+        ) -> None:
+            from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
+
+            self.broker = broker
+            self.name = name
+            self.key = key
+            self.settings = settings
+            self.login = login
+            self.step: Step = "discovery"
+            preregistered = None
+            if settings.client_id:
+                preregistered = OAuthClientInformationFull(
+                    client_id=settings.client_id,
+                    client_secret=settings.client_secret,
+                    redirect_uris=[redirect_uri],  # type: ignore[list-item]
+                    token_endpoint_auth_method=None,  # chosen from the server's metadata
+                )
+            self.storage = _Storage(broker.store, key, preregistered, login=login is not None)
+            metadata = OAuthClientMetadata(
+                redirect_uris=[redirect_uri],  # type: ignore[list-item]
+                client_name=CLIENT_NAME,
+                grant_types=["authorization_code", "refresh_token"],
+                response_types=["code"],
+                scope=" ".join(settings.scopes) if settings.scopes else None,
+            )
+            cimd = settings.client_metadata_url
+            super().__init__(
+                server_url,
+                metadata,
+                self.storage,
+                redirect_handler=self._redirect,
+                callback_handler=self._callback,
+                client_metadata_url=cimd,
+            )
+
+        # -- the interactive steps: only a login has them --------------------------------
+
+        def _stop(self) -> NeedsLogin:
+            state = self.broker.state(self.key)
+            step_up = bool(state.challenge and state.challenge[0] == 403)
+            scope = self.context.client_metadata.scope
+            self.broker.needs_login(self.key, step_up=step_up, scope=scope)
+            spent = step_up and state.step_ups >= MAX_STEP_UPS
+            return NeedsLogin(self.name, step_up=step_up, scope=scope, spent=spent)
+
+        async def _redirect(self, url: str) -> None:
+            self.step = "authorization"
+            if self.login is None:
+                raise self._stop()
+            await self.login.redirect(url)
+
+        async def _callback(self) -> Any:
+            assert self.login is not None
+            with trio.fail_after(LOGIN_TIMEOUT):
+                try:
+                    return await self.login.callback()
+                except trio.TooSlowError:
+                    raise OAuthError(
+                        self.name,
+                        "authorization",
+                        f"the browser did not come back within {LOGIN_TIMEOUT:g} s",
+                    ) from None
+
+        # -- what we add to the SDK's steps ------------------------------------------------
+
+        async def _initialize(self) -> None:
+            await super()._initialize()
+            # The SDK keeps expiry in memory only; a restarted daemon takes it from the store.
+            expires_at = self.storage.expires_at()
+            if self.context.current_tokens is not None and expires_at is not None:
+                self.context.token_expiry_time = expires_at - self._margin()
+
+        def _margin(self) -> float:
+            tokens = self.context.current_tokens
+            lifetime = float(tokens.expires_in) if tokens and tokens.expires_in else None
+            return min(REFRESH_MARGIN, lifetime / 2) if lifetime else REFRESH_MARGIN
+
+        def _early(self) -> None:
+            if self.context.token_expiry_time is not None:
+                self.context.token_expiry_time -= self._margin()
+
+        async def _handle_token_response(self, response: httpx2.Response) -> None:
+            await super()._handle_token_response(response)
+            self._early()
+
+        async def _handle_refresh_response(self, response: httpx2.Response) -> bool:
+            ok: bool = await super()._handle_refresh_response(response)
+            if ok:
+                self._early()
+            return ok
+
+        def _choose_method(self) -> None:
+            info = self.context.client_info
+            if info is None or info.token_endpoint_auth_method is not None:
+                return
+            advertised = (
+                self.context.oauth_metadata.token_endpoint_auth_methods_supported
+                if self.context.oauth_metadata is not None
+                else None
+            )
+            info.token_endpoint_auth_method = choose_auth_method(
+                advertised, bool(info.client_secret)
+            )
+
+        async def _exchange_token_authorization_code(
+            self, auth_code: str, code_verifier: str
+        ) -> httpx2.Request:
+            self._choose_method()
+            request: httpx2.Request = await super()._exchange_token_authorization_code(
+                auth_code, code_verifier
+            )
+            return request
+
+        async def _refresh_token(self) -> httpx2.Request:
+            self._choose_method()
+            request: httpx2.Request = await super()._refresh_token()
+            return request
+
+        async def _perform_authorization_code_grant(self) -> tuple[str, str]:
+            # Scopes the user configured are asked for as well as the ones the spec's order
+            # selects (challenge, then scopes_supported).
+            if self.settings.scopes:
+                chosen = (self.context.client_metadata.scope or "").split()
+                wanted = list(dict.fromkeys([*self.settings.scopes, *chosen]))
+                self.context.client_metadata.scope = " ".join(wanted)
+            result: tuple[str, str] = await super()._perform_authorization_code_grant()
+            return result
+
+        def _classify(self, outgoing: httpx2.Request, request: httpx2.Request) -> None:
+            if outgoing is request:
+                return
+            if outgoing.method == "GET":
+                self.step = "discovery"
+                return
+            ctype = outgoing.headers.get("content-type", "")
+            if "json" in ctype:
+                self.step = "registration"
+                return
+            body = outgoing.content
+            self.step = "refresh" if b"grant_type=refresh_token" in body else "token"
+
+        async def _auth_flow(
+            self, request: httpx2.Request
+        ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+            refreshed = self.login is not None  # a login asked for a new authorization
+            pending: httpx2.Response | None = None
+            if self.login is None:
+                # The fast path, outside the SDK flow: it holds one lock per provider from
+                # sending a request until its response's head, which would serialize every
+                # request of the connection behind a slow JSON answer. With a valid token (or
+                # none: a server that may never ask) the request just goes; only an answer
+                # that asks for authorization enters the flow, which is handed that answer.
+                if not self._initialized:
+                    await self._initialize()
+                tokens = self.context.current_tokens
+                if tokens is None or self.context.is_token_valid():
+                    if tokens is not None:
+                        self._add_auth_header(request)
+                    response = yield request
+                    self._seen(response)
+                    if not _asks_for_auth(response):
+                        return
+                    pending = response
+            while True:
+                flow = super()._auth_flow(request)
+                retry = False
+                try:
+                    outgoing = await flow.__anext__()
+                    while True:
+                        self._classify(outgoing, request)
+                        if self.step == "registration" and self.login is None:
+                            # Registering names a redirect URI: only a login has one.
+                            raise self._stop()
+                        if outgoing is request and pending is not None:
+                            response, pending = pending, None
+                        else:
+                            response = yield outgoing
+                        if outgoing is not request:
+                            response = await self._legacy_metadata(outgoing, response)
+                        if outgoing is request:
+                            self._seen(response)
+                            if (
+                                response.status_code == 401
+                                and not refreshed
+                                and "authorization" in request.headers
+                                and self.context.can_refresh_token()
+                            ):
+                                retry = True
+                                break
+                        outgoing = await flow.asend(response)
+                except StopAsyncIteration:
+                    return
+                except McpoolError:
+                    raise
+                except Exception as exc:
+                    raise OAuthError(self.name, self.step, _detail(exc)) from exc
+                finally:
+                    await flow.aclose()
+                if not retry:
+                    return
+                # The server no longer takes the access token: refresh it before asking the
+                # user for a new login (the SDK would go straight to one).
+                refreshed = True
+                self.context.token_expiry_time = 1.0  # long past: the flow refreshes first
+                del request.headers["authorization"]
+
+        async def _legacy_metadata(
+            self, outgoing: httpx2.Request, response: httpx2.Response
+        ) -> httpx2.Response:
+            """2025-03-26 back-compat: a server without protected resource metadata has its
+            authorization server at its own origin, whose metadata may name an issuer with a
+            path (the 2025-03-26 spec has no issuer check). The SDK holds the legacy path to
+            RFC 8414 §3.3 too and refuses it; we accept such metadata when its issuer is on
+            the server's own origin (the only place the legacy path looks) by presenting it
+            to the SDK under that origin. Any other issuer is still refused."""
+            if (
+                self.context.auth_server_url is not None
+                or response.status_code != 200
+                or not outgoing.url.path.startswith("/.well-known/oauth-authorization-server")
+            ):
+                return response
+            body = _json_object(await response.aread())
+            issuer = body.get("issuer") if body is not None else None
+            server = urlsplit(self.context.server_url)
+            if body is None or not isinstance(issuer, str):
+                return response
+            found = urlsplit(issuer)
+            if (found.scheme, found.netloc) != (server.scheme, server.netloc) or not found.path:
+                return response
+            body["issuer"] = f"{server.scheme}://{server.netloc}"
+            return httpx2.Response(200, json=body, request=outgoing)
+
+        def _seen(self, response: httpx2.Response) -> None:
+            status = response.status_code
+            st = self.broker.state(self.key)
+            method = _method_of(response.request)
+            if status in (401, 403):
+                challenge = response.headers.get("www-authenticate")
+                if status == 401:
+                    st.challenge = (status, challenge)
+                elif parse_challenge(challenge).get("error") == "insufficient_scope":
+                    st.challenge = (status, challenge)
+                    st.challenged_method = method
+            elif status < 400 and "authorization" in response.request.headers:
+                if method is not None and method == st.challenged_method:
+                    st.step_ups = 0  # the step-up worked: the count starts again
+                    st.challenged_method = None
+                    st.needs_login = False
+                elif not st.step_up:
+                    # Our token works again (a refresh, another connection's login): a login
+                    # this server wanted is no longer wanted. A pending step-up is only
+                    # settled by the operation that asked for it.
+                    st.needs_login = False
+
+    _PROVIDER = Provider
+    return Provider
+
+
+_PROVIDER: type | None = None
+
+
+def _asks_for_auth(response: Any) -> bool:
+    """A 401, or a 403 insufficient_scope (a step-up), as the SDK flow acts on them."""
+    if response.status_code == 401:
+        return True
+    challenge = parse_challenge(response.headers.get("www-authenticate"))
+    return response.status_code == 403 and challenge.get("error") == "insufficient_scope"
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class _Head(msgspec.Struct):
+    method: str | None = None
+
+
+_head = msgspec.json.Decoder(_Head)
+
+
+def _method_of(request: Any) -> str | None:
+    """The JSON-RPC method a request POSTs, if it is one."""
+    if request is None or request.method != "POST":
+        return None
+    try:
+        return _head.decode(request.content).method
+    except (msgspec.DecodeError, Exception):
+        return None
+
+
+def _detail(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text or type(exc).__name__
+
+
+# -- the broker: one per daemon ---------------------------------------------------------------
+
+
+class Broker:
+    """The daemon's OAuth state: the token store, what each server last asked for, logins."""
+
+    # Tests put a fake server here for the login's own requests, as HttpUpstream has.
+    transport_factory: Callable[[], Any] | None = None
+
+    def __init__(self, store: TokenStore, log: Callable[..., None] | None = None) -> None:
+        self.store = store
+        self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
+        self._states: dict[str, KeyState] = {}
+        # Called with a record key after a login (to reconnect that server's entries).
+        self.on_authorized: Callable[[str], None] = lambda _key: None
+
+    # -- keys and state ------------------------------------------------------------------
+
+    @staticmethod
+    def key_of(identity: TransportIdentity) -> str | None:
+        """The token record of an entry, or None when OAuth is not for it: stdio, OAuth
+        switched off, or an `Authorization` header the user manages."""
+        if identity.kind not in ("http", "sse") or not identity.url:
+            return None
+        if any(k == "authorization" for k, _ in identity.headers):
+            return None
+        settings = oauth_settings_of(identity)
+        if settings is not None and not settings.enabled:
+            return None
+        return token_key(identity.url, oauth_identity(settings))
+
+    def state(self, key: str) -> KeyState:
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = KeyState()
+        return st
+
+    def needs_login(self, key: str, *, step_up: bool, scope: str | None) -> None:
+        st = self.state(key)
+        if not st.needs_login and step_up:
+            st.step_ups += 1
+        st.needs_login = True
+        st.step_up = step_up
+        st.scope = scope
+
+    def shown_state(self, identity: TransportIdentity) -> str | None:
+        """`needs-login` while this entry's server waits for one, else None."""
+        key = self.key_of(identity)
+        st = self._states.get(key) if key else None
+        return "needs-login" if st is not None and st.needs_login else None
+
+    def authorized(self, identity: TransportIdentity) -> bool:
+        key = self.key_of(identity)
+        return bool(key and self.store.load(key).tokens)
+
+    # -- the request path ------------------------------------------------------------------
+
+    def auth_for(self, identity: TransportIdentity) -> Any:
+        """The `httpx2.Auth` for one connection, or None. A connection never waits for a
+        person: where the flow would need one, the request fails with NeedsLogin."""
+        key = self.key_of(identity)
+        if key is None:
+            return None
+        assert identity.url is not None
+        settings = oauth_settings_of(identity) or OAuthSettings()
+        port = settings.callback_port or 0
+        redirect = f"http://127.0.0.1:{port}{CALLBACK_PATH}"
+        return _provider_class()(self, identity.name, key, settings, identity.url, redirect, None)
+
+    # -- logins ----------------------------------------------------------------------------
+
+    async def login(
+        self, identity: TransportIdentity, on_url: Callable[[str], None]
+    ) -> dict[str, Any]:
+        """The interactive authorization of one server: `on_url` gets the URL for the user's
+        browser; returns once the tokens are stored (or raises OAuthError naming the step)."""
+        key = self.key_of(identity)
+        name = identity.name
+        if key is None or identity.url is None:
+            raise OAuthError(name, "authorization", "this server does not use OAuth here")
+        st = self.state(key)
+        if st.step_ups >= MAX_STEP_UPS:
+            raise OAuthError(
+                name,
+                "authorization",
+                f"the server still answers insufficient_scope after {MAX_STEP_UPS} logins "
+                f"(scope '{st.scope}'); refused until its settings change or `daemonctl logout "
+                f"{name}`",
+            )
+        if st.login_running:
+            raise OAuthError(name, "authorization", "a login for this server is already running")
+        settings = oauth_settings_of(identity) or OAuthSettings()
+        st.login_running = True
+        try:
+            listener = await CallbackListener.bind(
+                name, self._port(key, settings), exact=settings.callback_port is not None
+            )
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(listener.serve)
+                    self._forget_other_redirect(key, settings, listener.redirect_uri)
+                    provider = _provider_class()(
+                        self,
+                        name,
+                        key,
+                        settings,
+                        identity.url,
+                        listener.redirect_uri,
+                        _Login(listener, on_url),
+                    )
+                    await self._drive(identity, provider, st)
+                    nursery.cancel_scope.cancel()
+            finally:
+                listener.close()
+        except OAuthError as exc:
+            self.log("warning", exc.reason, server=name)
+            raise
+        finally:
+            st.login_running = False
+        st.needs_login = False
+        st.challenge = None
+        tokens = self.store.load(key).tokens or {}
+        self.log("info", f"server '{name}' authorized", server=name)
+        self.on_authorized(key)
+        return {"server": name, "authorized": True, "scope": tokens.get("scope")}
+
+    def _port(self, key: str, settings: OAuthSettings) -> int:
+        """The configured callback port, else the port the stored registration names (so the
+        client registered earlier stays usable), else any (0)."""
+        if settings.callback_port:
+            return settings.callback_port
+        client = self.store.load(key).client or {}
+        uris = client.get("redirect_uris") or []
+        port = urlsplit(uris[0]).port if uris and isinstance(uris[0], str) else None
+        return port or 0
+
+    def _forget_other_redirect(self, key: str, settings: OAuthSettings, redirect: str) -> None:
+        """A registration for another redirect URI (its port was taken) cannot be used: the
+        login registers again."""
+        if settings.client_id:
+            return
+        record = self.store.load(key)
+        client = record.client or {}
+        if (
+            client
+            and client.get("client_id") != settings.client_metadata_url
+            and redirect not in (client.get("redirect_uris") or [])
+        ):
+            record.client = None
+            self.store.save(key, record)
+
+    async def _drive(self, identity: TransportIdentity, provider: Any, st: KeyState) -> None:
+        """Run the SDK flow the way httpx runs an Auth, answering its first request with the
+        challenge the server gave (a login is asked for after that request failed)."""
+        import httpx2
+
+        name = identity.name
+        factory = self.transport_factory
+        async with httpx2.AsyncClient(
+            timeout=httpx2.Timeout(OAUTH_REQUEST_TIMEOUT),
+            follow_redirects=False,
+            transport=factory() if factory is not None else None,
+        ) as client:
+            probe = _probe_request(httpx2, identity)
+            challenge = st.challenge
+            if challenge is None:
+                challenge = await _ask(client, probe, name)
+            status, header = challenge
+            flow = provider.async_auth_flow(probe)
+            answered = False
+            try:
+                outgoing = await flow.__anext__()
+                while True:
+                    if outgoing is probe:
+                        if answered:
+                            return  # authorized: the flow would now send the request again
+                        answered = True
+                        headers = {"www-authenticate": header} if header else {}
+                        response = httpx2.Response(status, headers=headers, request=probe)
+                    else:
+                        try:
+                            response = await client.send(outgoing)
+                        except httpx2.HTTPError as exc:
+                            raise OAuthError(name, provider.step, _detail(exc)) from exc
+                    outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                if not answered or not self.store.load(provider.key).tokens:
+                    raise OAuthError(
+                        name, "authorization", "the flow ended without tokens"
+                    ) from None
+            finally:
+                await flow.aclose()
+
+    def logout(self, identity: TransportIdentity) -> bool:
+        """Forget the server's tokens and registration. True when there was something."""
+        key = self.key_of(identity)
+        if key is None:
+            return False
+        record = self.store.load(key)
+        had = record != TokenRecord()
+        self.store.delete(key)
+        st = self.state(key)
+        st.step_ups = 0
+        self.log("info", f"server '{identity.name}' logged out", server=identity.name)
+        self.on_authorized(key)  # reconnect: the live connections hold the old token
+        return had
+
+
+def _probe_request(httpx2: Any, identity: TransportIdentity) -> Any:
+    assert identity.url is not None
+    if identity.kind == "sse":
+        return httpx2.Request("GET", identity.url, headers={"accept": "text/event-stream"})
+    body = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LATEST_HANDSHAKE,
+            "capabilities": {},
+            "clientInfo": {"name": CLIENT_NAME, "version": "0"},
+        },
+    }
+    return httpx2.Request(
+        "POST",
+        identity.url,
+        content=msgspec.json.encode(body),
+        headers={
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+        },
+    )
+
+
+async def _ask(client: Any, probe: Any, name: str) -> tuple[int, str | None]:
+    """Nothing asked this server yet: send it the first request a connection sends, for its
+    challenge. A server that answers without one is asked by its well-known metadata."""
+    import httpx2
+
+    try:
+        resp = await client.send(probe, stream=True)
+    except httpx2.HTTPError as exc:
+        raise OAuthError(
+            name, "discovery", f"the server could not be reached: {_detail(exc)}"
+        ) from exc
+    try:
+        if resp.status_code in (401, 403):
+            return resp.status_code, resp.headers.get("www-authenticate")
+        session = resp.headers.get("mcp-session-id")
+    finally:
+        await resp.aclose()
+    if session:
+        with contextlib.suppress(httpx2.HTTPError):  # a courtesy: end the session we opened
+            await client.delete(str(probe.url), headers={"mcp-session-id": session})
+    return 401, None
+
+
+BROKER: Broker | None = None
+
+
+def install(broker: Broker | None) -> None:
+    """The daemon's broker, which HTTP upstreams ask for their Auth (None: no OAuth)."""
+    global BROKER
+    BROKER = broker
+
+
+def auth_for(identity: TransportIdentity) -> Any:
+    return BROKER.auth_for(identity) if BROKER is not None else None
+
+
+def needs_login(upstream: Any, exc: BaseException | None) -> bool:
+    """Whether a connection ended because its server wants a login."""
+    if getattr(upstream, "needs_login", None) is not None:
+        return True
+    return exc is not None and _contains(exc, NeedsLogin)
+
+
+def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_contains(e, kind) for e in exc.exceptions)
+    return isinstance(exc, kind)
+
+
+__all__ = [
+    "Broker",
+    "CallbackResult",
+    "NeedsLogin",
+    "OAuthError",
+    "OAuthSettings",
+    "choose_auth_method",
+    "install",
+    "oauth_identity",
+    "parse_callback",
+    "parse_challenge",
+]
