@@ -289,7 +289,7 @@ def build_candidate(
         served.append(
             None
             if i is None or previous is None
-            else (previous.agg.projections[i], previous.good[i])
+            else (previous.agg.projections[i], previous.good[i] if i < len(previous.good) else None)
         )
     # Unchanged parts claim their names first: the server that newly takes a name is rejected.
     stable = [i for i, old in enumerate(served) if old is not None and old[0] is fresh[i][0]]
