@@ -1367,9 +1367,7 @@ class Daemon:
             route is not None
             and route.view is view
             and route.upstream_name == upstream
-            and session.views.get(view.name) is view
-            and view.handle is not None
-            and not view.handle.released
+            and session.holds(view)
         ):
             return True, rule, filt
         entry = view.handle.entry if view.handle is not None else None

@@ -567,7 +567,7 @@ class Session:
             "debug",
         )
 
-    def _current(self, view: SessionView) -> bool:
+    def holds(self, view: SessionView) -> bool:
         """S8: whether `view` is still this session's, on a handle it holds. The generation
         being served may predate a settings change that removed, disabled or replaced its
         server (while new entries start, or when a part was rejected)."""
@@ -577,7 +577,7 @@ class Session:
     def _allows(self, route: Route | None) -> Route | None:
         """S8: `route` when the session's current policy and handles allow it, else None: a
         removed, disabled or filtered item is as unknown as one never listed."""
-        if route is None or not self._current(route.view):
+        if route is None or not self.holds(route.view):
             return None
         return route if route.view.key.allows(route.upstream_name) else None
 
@@ -1006,10 +1006,10 @@ class Session:
     def _resource_view(self, uri: str) -> SessionView:
         gen = self.registry
         view = gen.resource_view(uri)
-        if view is not None and self._current(view):
+        if view is not None and self.holds(view):
             return view
         with_resources = [
-            v for v in gen.views if self._current(v) and "resources" in v.projection().capabilities
+            v for v in gen.views if self.holds(v) and "resources" in v.projection().capabilities
         ]
         if len(with_resources) == 1:
             return with_resources[0]
