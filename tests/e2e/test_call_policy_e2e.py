@@ -7,6 +7,7 @@ user's later settings changes still apply to every server, in the lists and at c
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import mcp_types as types
@@ -45,7 +46,7 @@ async def registry_errors(daemon: DaemonProcess) -> list[dict[str, Any]]:
 
 
 async def test_a_bad_tool_name_does_not_freeze_the_policy(daemon_factory: DaemonFactory) -> None:
-    daemon = await daemon_factory()
+    daemon = await daemon_factory(daemon={"logLevel": "debug"})
     servers: dict[str, Any] = {"good": fake_server(), "bad": fake_server()}
     settings = write_settings(daemon.root / "s.json", servers)
     inbox = Inbox()
@@ -86,6 +87,15 @@ async def test_a_bad_tool_name_does_not_freeze_the_policy(daemon_factory: Daemon
         assert await unknown(session, "bad__echo")
         assert await call_text(session, "good__pid") != ""
         assert await registry_errors(daemon) == []
+    # Generations at debug, the rejection at warning (issue 15.11).
+    records = [json.loads(line) for line in (await daemon.ctl("logs", "-n", "1000"))["lines"]]
+    published = [r["msg"] for r in records if "published" in r["msg"]]
+    assert all(r["level"] == "debug" for r in records if "published" in r["msg"])
+    assert any("published (settings)" in m and "changed: tools" in m for m in published)
+    assert any(
+        r["level"] == "warning" and "registry candidate rejected: server 'bad'" in r["msg"]
+        for r in records
+    )
 
 
 async def _has_error(daemon: DaemonProcess, server: str) -> bool:
