@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 from fakes import entry_with, republish, tool, view_on
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpool.session import (
     MAX_NAME,
@@ -443,3 +445,39 @@ def test_resources_route_to_the_first_server_that_lists_the_uri() -> None:
         "file:///b": "two",
     }
     assert [r["uri"] for r in gen.resources] == ["file:///a", "file:///b"]
+
+
+# -- property: whatever servers publish, the candidate is whole and only bad parts fall back -----
+
+_tool_names = st.sampled_from(["a", "A", "b", "B", " c", "", "d "])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(_tool_names, max_size=4), st.booleans()), min_size=1, max_size=4),
+    st.lists(st.lists(_tool_names, max_size=4), min_size=4, max_size=4),
+)
+def test_parts_are_rejected_alone_and_exposed_names_stay_unique_ignoring_case(
+    servers: list[tuple[list[str], bool]], later: list[list[str]]
+) -> None:
+    entries = [
+        entry_with(f"s{i}", [tool(n) for n in names]) for i, (names, _) in enumerate(servers)
+    ]
+    views = [view_on(e, prefix=p) for e, (_, p) in zip(entries, servers, strict=True)]
+    previous = build(*views)
+    for entry, names in zip(entries, later, strict=False):
+        republish(entry, tools=tuple(tool(n) for n in names))
+    gen = build_candidate(views, number=2, settings_generation=1, previous=previous)
+    for candidate in (previous, gen):
+        exposed = [t["name"] for t in candidate.tools]
+        assert len({n.casefold() for n in exposed}) == len(exposed)
+        assert set(candidate.tool_routes) == set(exposed)
+        # No bad name is ever served, not even from a fallback.
+        assert all(
+            r.upstream_name.strip() == r.upstream_name != "" for r in candidate.tool_routes.values()
+        )
+    rejected_servers = {r.server for r in gen.rejected}
+    for view, part in zip(gen.views, gen.agg.projections, strict=True):
+        if view.name not in rejected_servers:
+            # A server that was not rejected serves exactly its current projection.
+            assert part is view.projection()
