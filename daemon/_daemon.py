@@ -857,7 +857,7 @@ class Daemon:
             pool=self.pool,
             out=out,
             page_size=self.options.page_size,
-            log=lambda text: self.log("warning", text),
+            log=lambda text, level="warning": self.log(level, text),
             attached_at=time.time(),
         )
         session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
@@ -1008,10 +1008,11 @@ class Daemon:
             "heap": {"blocks": sys.getallocatedblocks(), "objects": len(gc.get_objects())},
             "pooling": self.options.pool,
             "options": msgspec.to_builtins(self.options),
+            # One row per rejected server part (S3, S8), gone once a candidate no longer has it.
             "registry_errors": [
-                {"session": sid, "error": st.session.last_error}
+                {"session": sid, "server": server, "error": error}
                 for sid, st in self.sessions.items()
-                if st.session.last_error
+                for server, error in st.session.registry_errors.items()
             ],
             "notes": self.notes,
             "skipped": self._skipped_entries(),
@@ -1368,16 +1369,24 @@ class Daemon:
             else None
         )
         if not allowed:
+            # Calls check the current policy whatever generation is served (S8): hidden is
+            # also not callable.
             return False, rule, filt
         routes = session.registry.tool_routes if kind == "tool" else session.registry.prompt_routes
         route = routes.get(
             exposed_name(view.name, upstream, prefix=view.prefix, budget=session.name_budget)
         )
-        if route is not None and route.view is view and route.upstream_name == upstream:
+        if (
+            route is not None
+            and route.view is view
+            and route.upstream_name == upstream
+            and session.holds(view)
+        ):
             return True, rule, filt
         entry = view.handle.entry if view.handle is not None else None
-        if session.last_error:
-            why = f"the session's latest registry was rejected: {session.last_error}"
+        rejected = session.registry_errors.get(view.name)
+        if rejected:
+            why = f"the server's latest lists were rejected: {rejected}"
         elif entry is not None and entry.state.value != "active":
             why = f"the server's entry is {entry.state.value}"
         else:

@@ -1,12 +1,18 @@
 """A session's aggregated registry, one immutable generation at a time (DESIGN S2-S4).
 
 Theory of operation: a candidate is built completely from the session's views (servers in
-settings order, each server's items in upstream order), then validated: upstream names must be
-non-empty with no surrounding whitespace, and exposed names unique. A rejected candidate raises
-`CandidateRejected` naming the server, the item and the rule, and the caller keeps the previous
-generation. Comparison between generations is canonical per list kind: each kind's items keyed by
-exposed name (or URI), canonicalised per S4, so a pure reorder or a reordered `required` array is
-no change, while a reordered `default` array is.
+settings order, each server's items in upstream order), validated one server's part at a time
+(DESIGN S3, S8): upstream names must be non-empty with no surrounding whitespace, and exposed
+names unique even compared case-insensitively (a client that folds case would call the wrong
+tool). A part that fails is rejected alone, with a `CandidateRejected` naming the server, the
+item and the rule, and the server keeps what the previous generation served for it: its last
+accepted snapshot projected through the current policy, else its previous part narrowed by the
+current filters, else nothing; every other server's part, policy changes included, is
+published. Parts that did not change claim their names first, so a server that newly takes a
+name another server already serves is the one rejected; among new parts, the later server in
+settings order is. Comparison between generations is canonical per list kind: each kind's items
+keyed by exposed name (or URI), canonicalised per S4, so a pure reorder or a reordered `required`
+array is no change, while a reordered `default` array is.
 """
 
 from __future__ import annotations
@@ -18,20 +24,28 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mcpool.protocol import canonical_bytes
 
-from ._view import Projection
+from ._view import Projection, restrict
 
 if TYPE_CHECKING:
+    from mcpool.pool import Snapshot
+
     from ._view import SessionView
 
 LIST_KINDS = ("tools", "prompts", "resources")
 
 
 class CandidateRejected(Exception):
+    """Why one server's part of a candidate was rejected, and what it serves instead."""
+
     def __init__(self, server: str, item: str, rule: str) -> None:
         super().__init__(f"server '{server}': {item!r} {rule}")
         self.server = server
         self.item = item
         self.rule = rule
+        self.outcome = ""  # set by build_candidate: what the server serves instead
+
+    def describe(self) -> str:
+        return f"{self}; {self.outcome}" if self.outcome else str(self)
 
 
 class Route(NamedTuple):
@@ -85,7 +99,7 @@ class RegistryGeneration:
     Immutable by convention: built once by `build_candidate`, never modified afterwards.
     """
 
-    __slots__ = ("agg", "number", "settings_generation", "views")
+    __slots__ = ("agg", "good", "number", "rejected", "settings_generation", "views")
 
     def __init__(
         self,
@@ -94,11 +108,18 @@ class RegistryGeneration:
         *,
         number: int = 0,
         settings_generation: int = 0,
+        good: tuple[Snapshot | None, ...] = (),
+        rejected: tuple[CandidateRejected, ...] = (),
     ) -> None:
         self.agg = agg if agg is not None else _EMPTY
         self.views = views
         self.number = number
         self.settings_generation = settings_generation
+        # Per view: the snapshot its served part was projected from (None: it serves nothing),
+        # what a later rejection of that server falls back to.
+        self.good = good
+        # The server parts rejected while building this generation (each serves its fallback).
+        self.rejected = rejected
 
     # The served lists and caches are the aggregate's.
     @property
@@ -204,11 +225,12 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     return found
 
 
-def _check_name(server: str, name: str, kind: str) -> None:
+def _name_rule(name: str, kind: str) -> str | None:
     if not name:
-        raise CandidateRejected(server, name, f"has an empty {kind} name")
+        return f"has an empty {kind} name"
     if name != name.strip():
-        raise CandidateRejected(server, name, f"{kind} name has leading or trailing whitespace")
+        return f"{kind} name has leading or trailing whitespace"
+    return None
 
 
 def template_pattern(template: str) -> re.Pattern[str]:
@@ -226,11 +248,89 @@ _AggregateKey = tuple[tuple[int, str, bool], ...]
 _aggregates: weakref.WeakValueDictionary[_AggregateKey, Aggregate] = weakref.WeakValueDictionary()
 
 
+# A part that serves nothing: a server whose every option was rejected.
+_NOTHING = Projection(
+    generation=0,
+    available=False,
+    tools=(),
+    prompts=(),
+    hidden_tools=(),
+    resources=(),
+    resource_templates=(),
+    instructions=None,
+    capabilities={},
+)
+
+# Claimed names per kind: casefolded exposed name -> (view index, exposed, upstream).
+_Claims = dict[str, dict[str, tuple[int, str, str]]]
+
+
 def build_candidate(
-    views: list[SessionView], *, number: int, settings_generation: int
+    views: list[SessionView],
+    *,
+    number: int,
+    settings_generation: int,
+    previous: RegistryGeneration | None = None,
 ) -> RegistryGeneration:
-    """A complete, validated candidate for `views`; raises CandidateRejected (S3)."""
-    projections = [v.projection() for v in views]
+    """A complete, validated candidate for `views`, one server's part at a time (S3, S8).
+
+    A rejected part is listed in `rejected` and replaced by its fallback from `previous` (the
+    generation being served): the server's last accepted snapshot through the current policy,
+    else its previous part narrowed by the current filters, else nothing.
+    """
+    before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
+    fresh: list[tuple[Projection, Snapshot]] = []
+    served: list[tuple[Projection, Snapshot | None] | None] = []
+    for view in views:
+        assert view.handle is not None
+        snapshot = view.handle.entry.snapshot
+        fresh.append((view.projection_of(snapshot), snapshot))
+        i = before.get(id(view))
+        served.append(
+            None
+            if i is None or previous is None
+            else (previous.agg.projections[i], previous.good[i] if i < len(previous.good) else None)
+        )
+    # Unchanged parts claim their names first: the server that newly takes a name is rejected.
+    stable = [i for i, old in enumerate(served) if old is not None and old[0] is fresh[i][0]]
+    settled = set(stable)
+    order = stable + [i for i in range(len(views)) if i not in settled]
+    claims: _Claims = {"tool": {}, "prompt": {}}
+    chosen: list[tuple[Projection, Snapshot | None]] = list(fresh)
+    rejected: dict[int, CandidateRejected] = {}
+    for index in order:
+        view = views[index]
+        options: list[tuple[Projection, Snapshot | None, str]] = [(*fresh[index], "")]
+        old = served[index]
+        if old is not None and old[0] is not fresh[index][0]:
+            part, good = old
+            if good is not None:
+                options.append(
+                    (view.projection_of(good), good, "its last accepted lists stay served")
+                )
+            options.append(
+                (
+                    restrict(part, view.key),
+                    good,
+                    "its previous lists stay served, narrowed by the current filters",
+                )
+            )
+        first: CandidateRejected | None = None
+        for proj, source, outcome in options:
+            problem = _claim(views, index, proj, claims)
+            if problem is None:
+                chosen[index] = (proj, source)
+                if first is not None:
+                    first.outcome = outcome
+                break
+            first = first or problem
+        else:
+            assert first is not None
+            first.outcome = "it serves nothing until this is fixed"
+            chosen[index] = (_NOTHING, old[1] if old is not None else None)
+        if first is not None:
+            rejected[index] = first
+    projections = [proj for proj, _ in chosen]
     # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
     key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
     agg = _aggregates.get(key)
@@ -238,8 +338,51 @@ def build_candidate(
         agg = _build_aggregate(views, projections)
         _aggregates[key] = agg
     return RegistryGeneration(
-        agg, tuple(views), number=number, settings_generation=settings_generation
+        agg,
+        tuple(views),
+        number=number,
+        settings_generation=settings_generation,
+        good=tuple(source for _, source in chosen),
+        rejected=tuple(rejected[i] for i in sorted(rejected)),
     )
+
+
+def _claim(
+    views: list[SessionView], index: int, proj: Projection, claims: _Claims
+) -> CandidateRejected | None:
+    """Validate view `index`'s part `proj` against the names already claimed; claim its names
+    when it passes, change nothing when it does not."""
+    if not proj.available:
+        return None  # an entry not up contributes nothing, so it cannot clash
+    server = views[index].name
+    mine: _Claims = {"tool": {}, "prompt": {}}
+    for kind, items in (("tool", proj.tools), ("prompt", proj.prompts)):
+        own = mine[kind]
+        for exposed, upstream, _ in items:
+            rule = _name_rule(upstream, kind)
+            folded = exposed.casefold()
+            clash = own.get(folded) or claims[kind].get(folded)
+            if rule is None and clash is not None:
+                other_index, other_exposed, other_upstream = clash
+                whose = (
+                    f"its {kind} {other_upstream!r}"
+                    if other_index == index
+                    else f"server '{views[other_index].name}'"
+                )
+                if other_exposed == exposed:
+                    rule = f"is exposed as {exposed!r}, which {whose} uses"
+                else:
+                    rule = (
+                        f"is exposed as {exposed!r}, which differs only in case from "
+                        f"{other_exposed!r} ({whose}); clients that compare names "
+                        "case-insensitively would call the wrong one"
+                    )
+            if rule is not None:
+                return CandidateRejected(server, upstream, rule)
+            own[folded] = (index, exposed, upstream)
+    for kind, names in mine.items():
+        claims[kind].update(names)
+    return None
 
 
 def _build_aggregate(views: list[SessionView], projections: list[Projection]) -> Aggregate:
@@ -258,19 +401,8 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
         if not proj.available:
             continue
         pc = projection_canonical(proj)
-        _add_named(
-            views, index, "tool", proj.tools, tool_routes, tools, canon["tools"], pc["tools"]
-        )
-        _add_named(
-            views,
-            index,
-            "prompt",
-            proj.prompts,
-            prompt_routes,
-            prompts,
-            canon["prompts"],
-            pc["prompts"],
-        )
+        _add_named(index, proj.tools, tool_routes, tools, canon["tools"], pc["tools"])
+        _add_named(index, proj.prompts, prompt_routes, prompts, canon["prompts"], pc["prompts"])
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
@@ -296,25 +428,16 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
 
 
 def _add_named(
-    views: list[SessionView],
     index: int,
-    kind: str,
     items: Iterable[tuple[str, str, dict[str, Any]]],
     routes: dict[str, tuple[int, str]],
     served: list[dict[str, Any]],
     canon: dict[str, bytes],
     projected_canon: dict[str, bytes],
 ) -> None:
-    """Add view `index`'s tools (or prompts) to a candidate: routes, served list, canonical
-    form. A bad name, or an exposed name another server already uses, rejects it (S3)."""
-    server = views[index].name
+    """Add view `index`'s tools (or prompts), already validated by `_claim`, to a candidate:
+    routes, served list, canonical form."""
     for exposed, upstream, item in items:
-        _check_name(server, upstream, kind)
-        if exposed in routes:
-            other = views[routes[exposed][0]].name
-            raise CandidateRejected(
-                server, upstream, f"is exposed as {exposed!r}, which server '{other}' uses"
-            )
         routes[exposed] = (index, upstream)
         served.append(item)
         canon[exposed] = projected_canon[exposed]

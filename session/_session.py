@@ -133,6 +133,16 @@ SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 _encoder = msgspec.json.Encoder()
 
 
+class SessionLog(Protocol):
+    """Where a session's log lines go (the daemon's journal): text, then a level name."""
+
+    def __call__(self, text: str, level: str = "warning") -> None: ...
+
+
+def _no_log(text: str, level: str = "warning") -> None:
+    pass
+
+
 class Writer(Protocol):
     """What the session writes to (the daemon gives it an `FdWriter`)."""
 
@@ -316,6 +326,7 @@ class Session:
         "protocol_version",
         "ready",
         "registry",
+        "registry_errors",
         "relayed",
         "settings_generation",
         "spawn",
@@ -332,7 +343,7 @@ class Session:
         pool: Pool,
         out: Writer,
         page_size: int = DEFAULT_PAGE_SIZE,
-        log: Callable[[str], None] | None = None,
+        log: SessionLog | None = None,
         attached_at: float = 0.0,
     ) -> None:
         self.id = session_id
@@ -341,7 +352,7 @@ class Session:
         self.pool = pool
         self.out = out
         self.page_size = page_size
-        self._log = log or (lambda _msg: None)
+        self._log: SessionLog = log if log is not None else _no_log
         self.attached_at = attached_at
         self.views: dict[str, SessionView] = {}
         # The longest exposed name this session's client takes (session/_names.py): decided by
@@ -369,6 +380,9 @@ class Session:
         self._reconciling = False
         self._dirty = False
         self.last_error: str | None = None
+        # Server -> why its part of the latest candidate was rejected (S3, S8); `last_error`
+        # joins them for one-line displays.
+        self.registry_errors: dict[str, str] = {}
         self.subscriptions: set[str] = set()
         self.log_level: str | None = None
         self.closed = False
@@ -400,7 +414,12 @@ class Session:
     ) -> list[tuple[str, str]]:
         """Reconcile this session's handles with `desired` (R1-R6). Returns (server, action)."""
         if settings_generation < self.settings_generation:
-            return []  # S6: a newer generation is already installed
+            # S6: a newer generation is already installed
+            self._log(
+                f"session {self.id}: settings generation {settings_generation} discarded: "
+                f"generation {self.settings_generation} is already installed"
+            )
+            return []
         self._reconciling = True
         report: list[tuple[str, str]] = []
         new_views: dict[str, SessionView] = {}
@@ -446,11 +465,17 @@ class Session:
         if self.closed or settings_generation < self.settings_generation:
             # S6: a newer settings generation was installed while this one waited for its
             # entries; its candidate is the one that counts, and nothing is notified for ours.
+            if not self.closed:
+                self._log(
+                    f"session {self.id}: candidate of settings generation {settings_generation} "
+                    f"discarded: generation {self.settings_generation} was installed while it "
+                    "waited for its servers"
+                )
             return report
         self.settings_generation = settings_generation
         if replay or self._dirty or not self.ready:
             self._dirty = False
-            self.rebuild()
+            self.rebuild("settings")
         return report
 
     def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
@@ -468,7 +493,8 @@ class Session:
         if budget != self.name_budget:
             self.name_budget = budget
             if self.ready:
-                self.views_changed()  # every exposed name is projected again under the budget
+                # Every exposed name is projected again under the budget.
+                self.views_changed("budget")
 
     def release_all(self) -> None:
         for view in self.views.values():
@@ -477,38 +503,39 @@ class Session:
 
     # -- generations ---------------------------------------------------------------------------
 
-    def views_changed(self) -> None:
+    def views_changed(self, reason: str = "upstream") -> None:
         # Called from whichever task published a snapshot (an upstream's relist, a restart).
         if self._reconciling:
             self._dirty = True
         elif not self.closed:
             try:
-                self.rebuild()
+                self.rebuild(reason)
             except Exception as exc:
                 self._fault("a change of its servers' lists", exc)
 
-    def rebuild(self) -> None:
+    def rebuild(self, reason: str = "settings") -> None:
+        """Build and publish the next generation; `reason` (settings, upstream, budget) is for
+        the log. A server whose part is rejected keeps its fallback (`build_candidate`), and
+        the rest, policy changes included, is published (S3, S8)."""
         views = list(self.views.values())
         signature = tuple((id(v), v.projection()) for v in views)
         if self.ready and signature == self._signature:
             return
-        try:
-            cand = build_candidate(
-                views,
-                number=self.registry.number + 1,
-                settings_generation=self.settings_generation,
-            )
-        except CandidateRejected as exc:
-            self.last_error = str(exc)
-            self._log(f"session {self.id}: registry candidate rejected: {exc}")
-            if not self.ready:
-                self._become_ready()
-            return
-        self.last_error = None
         prev = self.registry
-        changed = cand.changed_kinds(prev)
-        self.registry = cand
+        cand = build_candidate(
+            views,
+            number=prev.number + 1,
+            settings_generation=self.settings_generation,
+            previous=prev,
+        )
         self._signature = signature
+        self._record_rejections(cand.rejected)
+        changed = cand.changed_kinds(prev)
+        if not (self.ready and cand.agg is prev.agg and cand.views == prev.views):
+            # (A candidate that serves exactly what is served, a rejected part's fallback
+            # included, is no new generation.)
+            self.registry = cand
+            self._log_generation(cand, changed, reason)
         if not self.ready:
             self._become_ready()
             return
@@ -518,6 +545,41 @@ class Session:
             if self.spawn is not None and not self._notifying:
                 self._notifying = True
                 self.spawn(self._notify_pending)
+
+    def _record_rejections(self, rejected: tuple[CandidateRejected, ...]) -> None:
+        """The session's registry errors are exactly the latest candidate's rejections: an error
+        goes as soon as a candidate no longer has it (issue 15.9)."""
+        errors = {r.server: r.describe() for r in rejected}
+        for server, error in errors.items():
+            if self.registry_errors.get(server) != error:
+                self._log(f"session {self.id}: registry candidate rejected: {error}")
+        self.registry_errors = errors
+        self.last_error = "; ".join(errors.values()) or None
+
+    def _log_generation(self, gen: RegistryGeneration, changed: list[str], reason: str) -> None:
+        counts = (
+            f"{len(gen.tools)} tools, {len(gen.prompts)} prompts, {len(gen.resources)} "
+            f"resources, {len(gen.resource_templates)} resource templates"
+        )
+        what = f"changed: {', '.join(changed)}" if changed else "canonical view unchanged"
+        self._log(
+            f"session {self.id}: generation {gen.number} published ({reason}): {counts}; {what}",
+            "debug",
+        )
+
+    def holds(self, view: SessionView) -> bool:
+        """S8: whether `view` is still this session's, on a handle it holds. The generation
+        being served may predate a settings change that removed, disabled or replaced its
+        server (while new entries start, or when a part was rejected)."""
+        handle = view.handle
+        return handle is not None and not handle.released and self.views.get(view.name) is view
+
+    def _allows(self, route: Route | None) -> Route | None:
+        """S8: `route` when the session's current policy and handles allow it, else None: a
+        removed, disabled or filtered item is as unknown as one never listed."""
+        if route is None or not self.holds(route.view):
+            return None
+        return route if route.view.key.allows(route.upstream_name) else None
 
     def _become_ready(self) -> None:
         self.ready = True
@@ -909,7 +971,7 @@ class Session:
     def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
         gen = self.registry
         name = t.name
-        route = gen.tool_route(name)
+        route = self._allows(gen.tool_route(name))
         if route is None:
             # A tool error, as the SDKs' own servers answer it: the model sees the text and can
             # pick another tool (a JSON-RPC error would surface as a client failure instead).
@@ -931,7 +993,7 @@ class Session:
 
     def _prompts_get(self, msg: Message, p: dict[str, Any], t: _params.PromptsGet) -> None:
         name = t.name
-        route = self.registry.prompt_route(name)
+        route = self._allows(self.registry.prompt_route(name))
         if route is None:
             raise InvalidParams(
                 f"unknown prompt: {name}: no server of this session exposes it",
@@ -944,9 +1006,11 @@ class Session:
     def _resource_view(self, uri: str) -> SessionView:
         gen = self.registry
         view = gen.resource_view(uri)
-        if view is not None:
+        if view is not None and self.holds(view):
             return view
-        with_resources = [v for v in gen.views if "resources" in v.projection().capabilities]
+        with_resources = [
+            v for v in gen.views if self.holds(v) and "resources" in v.projection().capabilities
+        ]
         if len(with_resources) == 1:
             return with_resources[0]
         raise McpoolError(
@@ -1017,7 +1081,7 @@ class Session:
     def _complete(self, msg: Message, p: dict[str, Any], t: _params.Complete) -> None:
         ref = t.ref
         if isinstance(ref, _params.PromptRef):
-            route: Route | None = self.registry.prompt_route(ref.name)
+            route = self._allows(self.registry.prompt_route(ref.name))
             if route is None:
                 raise InvalidParams(
                     f"unknown prompt: {ref.name}: no server of this session exposes it",

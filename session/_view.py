@@ -112,6 +112,28 @@ def shared_projection(
     return found
 
 
+# A rejected server part's fallback narrowed by the current filters (see `restrict`): one object
+# per (projection, policy) while something serves it, so an unchanged fallback is no new part.
+_restricted: weakref.WeakValueDictionary[tuple[Projection, PolicyKey], Projection] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def restrict(proj: Projection, key: PolicyKey) -> Projection:
+    """`proj` without the tools and prompts `key` no longer allows (the projection itself when
+    it allows them all): a server's previous lists under the session's current filters."""
+    tools = tuple(t for t in proj.tools if key.allows(t[1]))
+    prompts = tuple(p for p in proj.prompts if key.allows(p[1]))
+    if len(tools) == len(proj.tools) and len(prompts) == len(proj.prompts):
+        return proj
+    found = _restricted.get((proj, key))
+    if found is None:
+        hidden = proj.hidden_tools + tuple(t[1] for t in proj.tools if not key.allows(t[1]))
+        found = msgspec.structs.replace(proj, tools=tools, prompts=prompts, hidden_tools=hidden)
+        _restricted[(proj, key)] = found
+    return found
+
+
 class SessionView:
     """The pool's view callback for one handle, and the session's window on one server."""
 
@@ -129,9 +151,14 @@ class SessionView:
 
     def projection(self) -> Projection:
         assert self.handle is not None
-        entry = self.handle.entry
+        return self.projection_of(self.handle.entry.snapshot)
+
+    def projection_of(self, snapshot: Snapshot) -> Projection:
+        """`snapshot` (the entry's current one, or an older one it published) through this
+        view's current policy and names."""
+        assert self.handle is not None
         return shared_projection(
-            entry, entry.snapshot, self.key, self.name, self.prefix, self.session.name_budget
+            self.handle.entry, snapshot, self.key, self.name, self.prefix, self.session.name_budget
         )
 
     def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:

@@ -289,6 +289,21 @@ def make_pool(nursery: trio.Nursery, net: FakeNet, **options: Any) -> Pool:
 # -- views without a pool: a real PoolEntry and Handle, built by hand -----------------------------
 
 
+class LogLines(list[str]):
+    """A session's `log=`: the text of each line, with its level in `levels` (same order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.levels: list[str] = []
+
+    def __call__(self, text: str, level: str = "warning") -> None:
+        self.append(text)
+        self.levels.append(level)
+
+    def at(self, level: str) -> list[str]:
+        return [text for text, lv in zip(self, self.levels, strict=True) if lv == level]
+
+
 class NoSession:
     """Stands in for `Session` where a view's callbacks are never expected to fire."""
 

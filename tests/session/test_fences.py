@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from fakes import FakeNet, FakeServer, FakeWriter, LogLines, desired, make_pool, stdio, tool
 from msgspec import Raw
 
 from mcpool.protocol import Message
@@ -31,8 +31,8 @@ async def _attached(
     pool = make_pool(nursery, net)
     out: dict[str, tuple[Session, FakeWriter, list[str]]] = {}
     for name in names:
-        writer, logs = FakeWriter(), []
-        session = Session(name, name=name, cwd=None, pool=pool, out=writer, log=logs.append)
+        writer, logs = FakeWriter(), LogLines()
+        session = Session(name, name=name, cwd=None, pool=pool, out=writer, log=logs)
         nursery.start_soon(session.run_notifier)
         await session.apply_settings({"srv": desired("srv", stdio())}, 1)
         session.handle_line(json.dumps(INIT).encode())

@@ -21,7 +21,7 @@ import msgspec
 import trio
 import trio.lowlevel
 import trio.testing
-from fakes import FakeNet, FakeServer, desired, make_pool, stdio, tool
+from fakes import FakeNet, FakeServer, LogLines, desired, make_pool, stdio, tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -229,7 +229,7 @@ async def test_hostile_input_never_raises_and_every_request_is_answered(
     once), each under the id it came with; a line that is not a message earns one error with
     a null id. The example ends with the session closing, which answers what is left."""
     sent: list[bytes] = []
-    logs: list[str] = []
+    logs = LogLines()
     async with trio.open_nursery() as nursery:
         server = FakeServer(
             [tool("a"), tool("crash")],
@@ -240,7 +240,7 @@ async def test_hostile_input_never_raises_and_every_request_is_answered(
         net = FakeNet(srv=server)
         pool = make_pool(nursery, net)
         out = _RawWriter()
-        session = Session("s1", name="fuzz", cwd=None, pool=pool, out=out, log=logs.append)
+        session = Session("s1", name="fuzz", cwd=None, pool=pool, out=out, log=logs)
         session.spawn = nursery.start_soon
         for _, line in early:  # before the session's first generation: the backlog
             sent.append(line)

@@ -8,7 +8,17 @@ from typing import Any
 
 import trio
 import trio.testing
-from fakes import FakeNet, FakeServer, FakeUpstream, FakeWriter, desired, make_pool, stdio, tool
+from fakes import (
+    FakeNet,
+    FakeServer,
+    FakeUpstream,
+    FakeWriter,
+    LogLines,
+    desired,
+    make_pool,
+    stdio,
+    tool,
+)
 from msgspec import Raw
 
 from mcpool.protocol import Message
@@ -37,10 +47,8 @@ class Rig:
 
 async def rig(nursery: trio.Nursery) -> Rig:
     net = FakeNet(srv=FakeServer([tool("a")]))
-    out, logs = FakeWriter(), []
-    session = Session(
-        "s1", name="s1", cwd=None, pool=make_pool(nursery, net), out=out, log=logs.append
-    )
+    out, logs = FakeWriter(), LogLines()
+    session = Session("s1", name="s1", cwd=None, pool=make_pool(nursery, net), out=out, log=logs)
     await session.apply_settings({"srv": desired("srv", stdio())}, 1)
     session.handle_line(json.dumps(INIT).encode())
     session.handle_line(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from fakes import entry_with, republish, tool, view_on
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpool.session import (
     MAX_NAME,
-    CandidateRejected,
     PolicyKey,
     RegistryGeneration,
     SessionView,
@@ -100,19 +101,28 @@ def test_route_table_never_splits_on_double_underscore() -> None:
     assert gen.tool_routes["a__b__c__d"].view.name == "a__b"
 
 
+def rejected(gen: RegistryGeneration) -> list[tuple[str, str]]:
+    return [(r.server, r.item) for r in gen.rejected]
+
+
 @pytest.mark.parametrize("bad", ["", " ", "  lead", "trail ", "tab\t", "\nnl"])
-def test_empty_and_whitespace_padded_tool_names_reject_the_candidate(bad: str) -> None:
-    with pytest.raises(CandidateRejected) as info:
-        gen_of("fs", tool("ok"), tool(bad))
-    assert info.value.server == "fs"
-    assert info.value.item == bad
-    assert "name" in info.value.rule
+def test_empty_and_whitespace_padded_tool_names_reject_the_server_part(bad: str) -> None:
+    gen = build(
+        view_on(entry_with("fs", [tool("ok"), tool(bad)])),
+        view_on(entry_with("git", [tool("log")])),
+    )
+    (info,) = gen.rejected
+    assert (info.server, info.item) == ("fs", bad)
+    assert "name" in info.rule
+    # Nothing was served for fs before: it serves nothing; git is published all the same.
+    assert "serves nothing" in info.describe()
+    assert [t["name"] for t in gen.tools] == ["git__log"]
 
 
-def test_whitespace_padded_prompt_name_rejects_the_candidate() -> None:
+def test_whitespace_padded_prompt_name_rejects_the_server_part() -> None:
     entry = entry_with("fs", [tool("ok")], prompts=[{"name": "p "}])
-    with pytest.raises(CandidateRejected, match="prompt name has leading or trailing whitespace"):
-        build(view_on(entry))
+    (info,) = build(view_on(entry)).rejected
+    assert "prompt name has leading or trailing whitespace" in str(info)
 
 
 def test_inner_whitespace_is_not_a_rejection_but_is_sanitised() -> None:
@@ -122,29 +132,124 @@ def test_inner_whitespace_is_not_a_rejection_but_is_sanitised() -> None:
 def test_hidden_bad_name_does_not_reject() -> None:
     gen = gen_of("fs", tool("ok"), tool(" bad"), key=PolicyKey(include=frozenset({"ok"})))
     assert [t["name"] for t in gen.tools] == ["fs__ok"]
+    assert gen.rejected == ()
 
 
-def test_unprefixed_servers_with_the_same_tool_name_collide_and_reject() -> None:
-    with pytest.raises(CandidateRejected) as info:
-        build(
-            view_on(entry_with("one", [tool("read")]), prefix=False),
-            view_on(entry_with("two", [tool("read")]), prefix=False),
-        )
-    assert info.value.server == "two"
-    assert "which server 'one' uses" in info.value.rule
+def test_unprefixed_servers_with_the_same_tool_name_collide_and_reject_the_later() -> None:
+    gen = build(
+        view_on(entry_with("one", [tool("read")]), prefix=False),
+        view_on(entry_with("two", [tool("read"), tool("other")]), prefix=False),
+    )
+    (info,) = gen.rejected
+    assert info.server == "two"
+    assert "which server 'one' uses" in info.rule
+    assert {k: r.view.name for k, r in gen.tool_routes.items()} == {"read": "one"}
 
 
 def test_names_that_sanitise_to_one_exposed_name_collide_and_reject() -> None:
-    with pytest.raises(CandidateRejected, match="fs__a_b"):
-        gen_of("fs", tool("a.b"), tool("a/b"))
+    (info,) = gen_of("fs", tool("a.b"), tool("a/b")).rejected
+    assert "fs__a_b" in str(info)
 
 
 def test_prefixed_and_unprefixed_names_collide_across_servers() -> None:
-    with pytest.raises(CandidateRejected):
-        build(
-            view_on(entry_with("fs", [tool("read")])),
-            view_on(entry_with("raw", [tool("fs__read")]), prefix=False),
-        )
+    gen = build(
+        view_on(entry_with("fs", [tool("read")])),
+        view_on(entry_with("raw", [tool("fs__read")]), prefix=False),
+    )
+    assert rejected(gen) == [("raw", "fs__read")]
+    assert list(gen.tool_routes) == ["fs__read"]
+
+
+# -- case-insensitive collisions (S3, issue 15.7) -------------------------------------------------
+
+
+def test_names_differing_only_in_case_on_one_server_reject_its_part() -> None:
+    gen = build(
+        view_on(entry_with("srv", [tool("Foo"), tool("foo")])),
+        view_on(entry_with("other", [tool("bar")])),
+    )
+    (info,) = gen.rejected
+    assert (info.server, info.item) == ("srv", "foo")
+    assert "differs only in case from 'srv__Foo'" in info.rule
+    assert [t["name"] for t in gen.tools] == ["other__bar"]
+
+
+def test_names_differing_only_in_case_across_unprefixed_servers_reject_the_later() -> None:
+    gen = build(
+        view_on(entry_with("one", [tool("X")]), prefix=False),
+        view_on(entry_with("two", [tool("x")]), prefix=False),
+    )
+    (info,) = gen.rejected
+    assert info.server == "two"
+    assert "differs only in case from 'X' (server 'one')" in info.rule
+    assert list(gen.tool_routes) == ["X"]
+
+
+def test_servers_whose_names_differ_in_case_collide_through_their_prefixes() -> None:
+    gen = build(
+        view_on(entry_with("Git", [tool("log")])), view_on(entry_with("git", [tool("log")]))
+    )
+    assert rejected(gen) == [("git", "log")]
+
+
+def test_prompts_and_tools_are_separate_namespaces() -> None:
+    entry = entry_with("srv", [tool("a")], prompts=[{"name": "A"}])
+    assert build(view_on(entry)).rejected == ()
+
+
+# -- a rejected part falls back; the rest is published (S8, issue 15.1) ---------------------------
+
+
+def test_a_server_newly_taking_a_served_name_is_the_one_rejected() -> None:
+    one = entry_with("one", [tool("a")])
+    two = entry_with("two", [tool("b")])
+    views = [view_on(one, prefix=False), view_on(two, prefix=False)]
+    first = build(*views)
+    # The earlier server in settings order takes the later one's name: it is the one that changed.
+    republish(one, tools=(tool("a"), tool("b")))
+    second = build_candidate(views, number=2, settings_generation=1, previous=first)
+    (info,) = second.rejected
+    assert info.server == "one"
+    assert "its last accepted lists stay served" in info.describe()
+    assert {k: r.view.name for k, r in second.tool_routes.items()} == {"a": "one", "b": "two"}
+
+
+def test_a_rejected_part_keeps_its_last_snapshot_under_the_current_policy() -> None:
+    fs = entry_with("fs", [tool("a"), tool("b")])
+    git = entry_with("git", [tool("log")])
+    fs_view, git_view = view_on(fs), view_on(git)
+    first = build(fs_view, git_view)
+    republish(fs, tools=(tool("a"), tool("b"), tool(" y")))
+    republish(git, tools=(tool("log"), tool("diff")))
+    fs_view.key = PolicyKey(exclude=frozenset({"a"}))
+    second = build_candidate([fs_view, git_view], number=2, settings_generation=1, previous=first)
+    assert rejected(second) == [("fs", " y")]
+    # fs: its last accepted snapshot through the new policy; git: its new snapshot.
+    assert [t["name"] for t in second.tools] == ["fs__b", "git__log", "git__diff"]
+    assert changed(first, second) == ["tools"]
+
+
+def test_a_fallback_that_fails_under_the_new_policy_is_narrowed_instead() -> None:
+    fs = entry_with("fs", [tool("a"), tool("b"), tool(" hidden")])
+    view = view_on(fs, key=PolicyKey(include=frozenset({"a", "b"})))
+    first = build(view)
+    # The new policy shows the bad name in the old snapshot too: the previous part, narrowed.
+    view.key = PolicyKey(include=frozenset({"b", " hidden"}))
+    second = build_candidate([view], number=2, settings_generation=1, previous=first)
+    (info,) = second.rejected
+    assert "narrowed by the current filters" in info.describe()
+    assert [t["name"] for t in second.tools] == ["fs__b"]
+
+
+def test_a_part_with_nothing_to_fall_back_on_serves_nothing_until_fixed() -> None:
+    fs = entry_with("fs", [tool(" y")])
+    view = view_on(fs)
+    first = build(view)
+    assert first.tools == () and rejected(first) == [("fs", " y")]
+    republish(fs, tools=(tool("y"),))
+    second = build_candidate([view], number=2, settings_generation=1, previous=first)
+    assert second.rejected == ()
+    assert [t["name"] for t in second.tools] == ["fs__y"]
 
 
 def test_unavailable_entry_contributes_nothing() -> None:
@@ -322,8 +427,10 @@ def test_rejected_candidate_leaves_previously_built_generation_untouched() -> No
     good = build(view)
     snapshot_of_good = ([dict(t) for t in good.tools], dict(good.tool_routes), dict(good.canonical))
     republish(entry, tools=(tool("a"), tool("")))
-    with pytest.raises(CandidateRejected):
-        build(view, number=2)
+    after = build_candidate([view], number=2, settings_generation=1, previous=good)
+    assert rejected(after) == [("fs", "")]
+    # What is served is exactly the previous part: the same shared aggregate.
+    assert after.agg is good.agg
     assert ([dict(t) for t in good.tools], dict(good.tool_routes), dict(good.canonical)) == (
         snapshot_of_good
     )
@@ -338,3 +445,39 @@ def test_resources_route_to_the_first_server_that_lists_the_uri() -> None:
         "file:///b": "two",
     }
     assert [r["uri"] for r in gen.resources] == ["file:///a", "file:///b"]
+
+
+# -- property: whatever servers publish, the candidate is whole and only bad parts fall back -----
+
+_tool_names = st.sampled_from(["a", "A", "b", "B", " c", "", "d "])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(_tool_names, max_size=4), st.booleans()), min_size=1, max_size=4),
+    st.lists(st.lists(_tool_names, max_size=4), min_size=4, max_size=4),
+)
+def test_parts_are_rejected_alone_and_exposed_names_stay_unique_ignoring_case(
+    servers: list[tuple[list[str], bool]], later: list[list[str]]
+) -> None:
+    entries = [
+        entry_with(f"s{i}", [tool(n) for n in names]) for i, (names, _) in enumerate(servers)
+    ]
+    views = [view_on(e, prefix=p) for e, (_, p) in zip(entries, servers, strict=True)]
+    previous = build(*views)
+    for entry, names in zip(entries, later, strict=False):
+        republish(entry, tools=tuple(tool(n) for n in names))
+    gen = build_candidate(views, number=2, settings_generation=1, previous=previous)
+    for candidate in (previous, gen):
+        exposed = [t["name"] for t in candidate.tools]
+        assert len({n.casefold() for n in exposed}) == len(exposed)
+        assert set(candidate.tool_routes) == set(exposed)
+        # No bad name is ever served, not even from a fallback.
+        assert all(
+            r.upstream_name.strip() == r.upstream_name != "" for r in candidate.tool_routes.values()
+        )
+    rejected_servers = {r.server for r in gen.rejected}
+    for view, part in zip(gen.views, gen.agg.projections, strict=True):
+        if view.name not in rejected_servers:
+            # A server that was not rejected serves exactly its current projection.
+            assert part is view.projection()

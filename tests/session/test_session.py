@@ -14,7 +14,7 @@ import msgspec
 import trio
 import trio.lowlevel
 import trio.testing
-from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from fakes import FakeNet, FakeServer, FakeWriter, LogLines, desired, make_pool, stdio, tool
 
 from mcpool.pool import EntryState, Pool, PoolEntry, ServerSettings
 from mcpool.session import Session
@@ -306,10 +306,10 @@ async def test_refresh_during_a_restart_is_accepted_and_the_next_publish_applies
 async def test_empty_or_whitespace_name_keeps_the_exact_previous_generation(
     nursery: trio.Nursery,
 ) -> None:
-    logs: list[str] = []
+    logs = LogLines()
     rig = Rig(nursery, srv=FakeServer([tool("a")]))
     session, out = rig.session()
-    session._log = logs.append
+    session._log = logs
     await rig.apply(session, {"srv": stdio()})
     handshake(session)
     await settle()
