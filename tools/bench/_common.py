@@ -291,6 +291,7 @@ class Daemon:
         )
         env = dict(os.environ)
         env["XDG_STATE_HOME"] = os.path.join(self.dir, "state")
+        env["XDG_CACHE_HOME"] = os.path.join(self.dir, "cache")
         env["MCPOOL_SOCKET"] = self.sock
         self.env = env
         self.proc = subprocess.Popen(
