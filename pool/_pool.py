@@ -127,6 +127,10 @@ class Pool:
         self._nursery = nursery
         # Discoveries kept across daemon restarts (None: none kept).
         self._snapshots = snapshots
+        # Saves run one at a time, each writing the newest record of its fingerprint: an
+        # earlier relist never overwrites a later one, whatever order the tasks run in.
+        self._save_lock = trio.Lock()
+        self._unsaved: dict[str, StoredSnapshot] = {}
         self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
@@ -254,12 +258,17 @@ class Pool:
         if entry.stored is not None and entry.stored.same_content(record):
             return
         entry.stored = record
-        self._nursery.start_soon(self._save, store, record)
+        if record.fingerprint not in self._unsaved:
+            self._nursery.start_soon(self._save, store, record.fingerprint)
+        self._unsaved[record.fingerprint] = record
 
-    async def _save(self, store: SnapshotStore, record: StoredSnapshot) -> None:
+    async def _save(self, store: SnapshotStore, fingerprint: str) -> None:
         # The pool's nursery must never see a store's failure: the cache is an optimisation.
         try:
-            await store.save(record)
+            async with self._save_lock:
+                record = self._unsaved.pop(fingerprint, None)
+                if record is not None:
+                    await store.save(record)
         except Exception as exc:
             self.log("warning", f"snapshot not saved: {_describe(exc)}")
 
