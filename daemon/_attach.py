@@ -16,7 +16,9 @@ imports only the stdlib (no trio, msgspec or argparse) and does no work the rela
    which now carries control only. The session's end comes as one `mcpool/ended` notification:
    the client closed stdin (exit 0), or the daemon ended it (exit 1 with its reason). The socket
    closing without it means the daemon went away (exit 1). If the bridge dies, the daemon sees
-   the socket close and ends the session, so the bridge's lifetime stays the session's.
+   the socket close and ends the session, so the bridge's lifetime stays the session's. The
+   waiting is done by `/bin/sh` running a few lines (`_waiter.py`): the bridge execs into it
+   after the hand-off, so an attached session costs a shell's memory, not an interpreter's.
 4. Relay, when there is no hand-off (a terminal or a file on stdin, a daemon that declined, or
    MCPOOL_ATTACH_RELAY=1): bytes both ways, unparsed, in one poll loop. Writes are non-blocking
    with one pending buffer per direction, and POLLOUT is asked for only while that buffer holds
@@ -51,6 +53,7 @@ from mcpool.daemon._paths import (
     daemon_log_path,
     socket_path,
 )
+from mcpool.daemon._waiter import exec_waiter
 
 # `_socket`, not `socket`: the wrapper module pulls in selectors and enum tables, ~2 ms of every
 # client launch, for nothing this bridge uses.
@@ -217,6 +220,9 @@ def _run(opts: _Options) -> int:
         if started is not None and started.pid != result.get("daemonPid"):
             loser = started
         if result.get("handoff") is True:
+            if loser is None and not leftover:
+                # Only waiting from here on: a shell does that in a fraction of the memory.
+                exec_waiter(sock.fileno())
             return wait_handed_off(sock, leftover, child=loser)
         return relay(sock, leftover, child=loser)
     finally:

@@ -672,6 +672,7 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
         "REFS",
         "UP SINCE",
         "RESTARTS",
+        "SNAPSHOT",
         "FINGERPRINT",
         "LAST ERROR",
     )
@@ -688,6 +689,7 @@ def _render_servers(servers: list[dict[str, Any]]) -> None:
             str(len(server.get("refs") or [])),
             _text(_when(server.get("started_at"), now)),
             _text(server.get("restarts")),
+            _text(server.get("snapshot")),
             _text((server.get("fingerprint") or "")[:FINGERPRINT_SHOWN] or None),
             _text(server.get("last_error")),
         )

@@ -105,6 +105,7 @@ from ._settings import (
     read_settings_file,
     settings_base_dir,
 )
+from ._snapshots import FileSnapshotStore, describe_snapshot
 from ._watch import SettingsWatcher
 
 # The attach request decodes through the admin boundary's typed decoder (no handler: the
@@ -408,7 +409,11 @@ class Daemon:
         try:
             async with trio.open_nursery() as pool_nursery:
                 self.pool = Pool(
-                    pool_nursery, self._pool_options(), guardian=self.guardian, log=self.log
+                    pool_nursery,
+                    self._pool_options(),
+                    guardian=self.guardian,
+                    log=self.log,
+                    snapshots=FileSnapshotStore(_paths.snapshots_dir(), self.log),
                 )
                 pool_nursery.start_soon(self.guardian.watch, self.log)
                 async with trio.open_nursery() as conn_nursery:
@@ -1063,6 +1068,7 @@ class Daemon:
                     ),
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
+                    "snapshot": describe_snapshot(e.snapshot),
                     "in_flight": up.in_flight if up is not None else 0,
                     "transport_detail": e.identity.describe(),
                 }

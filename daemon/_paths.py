@@ -107,6 +107,13 @@ def state_dir() -> Path:
     return Path.home() / ".local" / "state" / "mcpool"
 
 
+def snapshots_dir() -> Path:
+    """Where discovery snapshots are kept across daemon restarts (a cache: losing it is safe)."""
+    if cache_home := _xdg("XDG_CACHE_HOME"):
+        return cache_home / "mcpool" / "snapshots"
+    return Path.home() / ".cache" / "mcpool" / "snapshots"
+
+
 def lock_path(sock: Path) -> Path:
     return sock.with_name(sock.name + ".lock")
 

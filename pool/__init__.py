@@ -26,6 +26,12 @@ from ._pool import (
     discover,
     is_crash_loop,
 )
+from ._snapshots import (
+    SNAPSHOT_FORMAT,
+    MemorySnapshotStore,
+    SnapshotStore,
+    StoredSnapshot,
+)
 from ._spec import (
     ServerSettings,
     TransportIdentity,
@@ -38,6 +44,7 @@ from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
     "READ_CHUNK",
+    "SNAPSHOT_FORMAT",
     "TERMINAL_STATES",
     "Discovered",
     "EntryEvent",
@@ -47,13 +54,16 @@ __all__ = [
     "FdWriter",
     "Guardian",
     "Handle",
+    "MemorySnapshotStore",
     "Pool",
     "PoolEntry",
     "PoolOptions",
     "RefreshRejected",
     "ServerSettings",
     "Snapshot",
+    "SnapshotStore",
     "StdioUpstream",
+    "StoredSnapshot",
     "TransportIdentity",
     "Upstream",
     "UpstreamEvents",

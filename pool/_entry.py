@@ -26,6 +26,7 @@ from mcpool.protocol import Message
 from ._spec import ServerSettings, TransportIdentity
 
 if TYPE_CHECKING:
+    from ._snapshots import StoredSnapshot
     from ._upstream import Upstream
 
 
@@ -139,6 +140,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     resource_templates: tuple[dict[str, Any], ...] = ()
     instructions: str | None = None
     capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+    # From the snapshot store (what the server offered last time), not yet this process's own
+    # discovery: the process is still starting.
+    cached: bool = False
 
 
 class EntryListener(Protocol):
@@ -236,6 +240,8 @@ class PoolEntry:
         self.stderr_history: list[str] = []
         self.era: str | None = None  # the era the last connection found (P1: cached per entry)
         self.needs_login = False  # the last connection ended for want of an OAuth login
+        # The record this entry's snapshot store holds for it (loaded or last saved).
+        self.stored: StoredSnapshot | None = None
 
     @property
     def name(self) -> str:

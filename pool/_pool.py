@@ -18,6 +18,7 @@ import math
 import os
 import random
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ from ._entry import (
 )
 from ._guardian import Guardian
 from ._oauth import needs_login
+from ._snapshots import SnapshotStore, StoredSnapshot, from_record, invalidation, to_record
 from ._spec import ServerSettings, TransportIdentity, capture_settings
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
@@ -121,8 +123,15 @@ class Pool:
         rng: random.Random | None = None,
         upstream_factory: Callable[..., Upstream] | None = None,
         log: Callable[..., None] | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         self._nursery = nursery
+        # Discoveries kept across daemon restarts (None: none kept).
+        self._snapshots = snapshots
+        # Saves run one at a time, each writing the newest record of its fingerprint: an
+        # earlier relist never overwrites a later one, whatever order the tasks run in.
+        self._save_lock = trio.Lock()
+        self._unsaved: dict[str, StoredSnapshot] = {}
         self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
@@ -183,6 +192,7 @@ class Pool:
         if entry is None or entry.state in TERMINAL_STATES or entry.closing:
             entry = PoolEntry(key, identity, capture_settings(settings))
             self._entries[key] = entry
+            self._start_from_store(entry)
             self._nursery.start_soon(self._supervise, entry)
         elif entry.state is EntryState.CRASH_LOOP and attach_retry_due(
             entry.failures, now=trio.current_time(), interval=self.options.backoff_max
@@ -202,6 +212,81 @@ class Pool:
             entry.move_deadline(math.inf)
             entry.fire(EntryEvent.LEASED)
         return handle
+
+    def _start_from_store(self, entry: PoolEntry) -> None:
+        """A new entry whose server was seen before: its last discovery is its first snapshot
+        (flagged cached), and sessions waiting for it go on at once."""
+        if self._snapshots is None:
+            return
+        record = self._snapshots.load(entry.identity.fingerprint)
+        if record is None or record.fingerprint != entry.identity.fingerprint:
+            return
+        entry.stored = record
+        entry.snapshot = from_record(record, entry.snapshot.generation + 1)
+        entry.ready.set()
+
+    async def wait_up(self, entry: PoolEntry) -> Upstream | None:
+        """A request for an entry that is still starting from a cached snapshot waits for its
+        upstream, bounded by the entry's start timeout; None when it did not come up."""
+        with trio.move_on_after(_start_timeout(entry)):
+            while True:
+                upstream = entry.upstream
+                if upstream is not None and upstream.alive:
+                    return upstream
+                if (
+                    entry.closing
+                    or entry.state in TERMINAL_STATES
+                    or entry.state is EntryState.CRASH_LOOP
+                    or not entry.snapshot.cached
+                ):
+                    return None
+                await entry.state_changed.wait()
+        return None
+
+    def _remember(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
+        """Keep a live discovery for the next cold start (written off the supervisor's path)."""
+        store = self._snapshots
+        if store is None or not snapshot.available:
+            return
+        record = to_record(
+            snapshot,
+            fingerprint=entry.identity.fingerprint,
+            server_info=upstream.server_info,
+            era=upstream.era,
+            protocol_version=upstream.protocol_version,
+            saved_at=time.time(),
+        )
+        if entry.stored is not None and entry.stored.same_content(record):
+            return
+        entry.stored = record
+        if record.fingerprint not in self._unsaved:
+            self._nursery.start_soon(self._save, store, record.fingerprint)
+        self._unsaved[record.fingerprint] = record
+
+    async def _save(self, store: SnapshotStore, fingerprint: str) -> None:
+        # The pool's nursery must never see a store's failure: the cache is an optimisation.
+        try:
+            async with self._save_lock:
+                record = self._unsaved.pop(fingerprint, None)
+                if record is not None:
+                    await store.save(record)
+        except Exception as exc:
+            self.log("warning", f"snapshot not saved: {_describe(exc)}")
+
+    def _check_stored(self, entry: PoolEntry, upstream: Upstream) -> None:
+        """After the handshake: a stored record of another server name or version is dropped."""
+        record = entry.stored
+        if record is None or self._snapshots is None:
+            return
+        why = invalidation(record, upstream.server_info)
+        if why is not None:
+            self.log(
+                "info",
+                f"server '{entry.name}': stored snapshot invalidated: {why}",
+                server=entry.name,
+            )
+            entry.stored = None
+            self._snapshots.forget(entry.identity.fingerprint)
 
     async def acquire(
         self,
@@ -432,6 +517,7 @@ class Pool:
                 with trio.CancelScope() as entry.starting:
                     with trio.fail_after(timeout):
                         await nursery.start(upstream.run)
+                        self._check_stored(entry, upstream)
                         snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
                 entry.starting = None
                 if entry.closing:
@@ -445,6 +531,7 @@ class Pool:
                 entry.fire(EntryEvent.READY)
                 entry.publish(snapshot)
                 entry.ready.set()
+                self._remember(entry, upstream, snapshot)
                 events.started(nursery)
         except Exception as exc:
             entry.needs_login = needs_login(upstream, exc)
@@ -471,6 +558,10 @@ class Pool:
         if entry.snapshot.available:
             entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
         return failure
+
+
+def _start_timeout(entry: PoolEntry) -> float:
+    return entry.identity.timeout / 1000.0 if entry.identity.timeout else DEFAULT_SPAWN_TIMEOUT
 
 
 def _with_exit_details(failure: str, upstream: Upstream) -> str:
@@ -672,9 +763,9 @@ class _EntryEvents:
                 changes: dict[str, Any] = {field: items}
                 if templates is not None:
                     changes["resource_templates"] = templates
-                self.entry.publish(
-                    msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
-                )
+                fresh = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
+                self.entry.publish(fresh)
+                self.pool._remember(self.entry, upstream, fresh)
                 if not self._relisting.get(kind):
                     return
         finally:

@@ -1128,12 +1128,19 @@ class Session:
         method: str,
         params: dict[str, Any],
         meta: _params.RequestMeta | None,
+        *,
+        wait: bool = True,
     ) -> None:
         handle = view.handle
         assert handle is not None
         entry = handle.entry
         upstream = entry.upstream
         if upstream is None or not upstream.alive:
+            if wait and entry.snapshot.cached and self.spawn is not None:
+                # Listed from the stored snapshot, the server is still starting: the request
+                # waits for it (bounded by its start timeout) instead of failing.
+                self.spawn(lambda: self._forward_when_up(msg, view, method, params, meta))
+                return
             raise UpstreamUnavailable(
                 view.name,
                 f"server '{view.name}' is not available ({entry.state.value})",
@@ -1163,6 +1170,23 @@ class Session:
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise
+
+    async def _forward_when_up(
+        self,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
+    ) -> None:
+        assert view.handle is not None
+        await self.pool.wait_up(view.handle.entry)
+        if self.closed:
+            return
+        try:
+            self._forward(msg, view, method, params, meta, wait=False)
+        except McpoolError as exc:
+            self.send_error(msg.id, exc)
 
     # -- from upstreams ------------------------------------------------------------------------
 

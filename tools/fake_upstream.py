@@ -14,6 +14,8 @@ dynamic set installed by set_tools. Environment switches:
   FAKE_IGNORE_STDIN_EOF=1  keep running after stdin closes (default: exit 0)
   FAKE_SPAWN_LOG=path   append "<pid>\\n" at start (count spawns)
   FAKE_STARTUP_DELAY=s  sleep before reading stdin
+  FAKE_VERSION_FILE=path  read at start: line 1 is serverInfo.version, line 2 (optional) more
+                        comma-separated tool names (an "upgrade" that leaves the command as is)
   FAKE_CHILD=1          spawn a long-lived grandchild, report "fake-upstream: child=N" on stderr
   FAKE_INLINE=1         a fast upstream for throughput and latency benchmarks: one thread,
                         tools/call answered inline (sleep and progress then block the reader),
@@ -143,7 +145,16 @@ class FakeServer:
         # Guards the dynamic tool set and the in-flight table, both touched by call threads.
         self.state_lock = threading.Lock()
         self.dynamic_tools: tuple[str, ...] = ()
-        named = (n.strip() for n in env.get("FAKE_TOOLS", "").split(","))
+        self.version = "1.0"
+        extra = ""
+        version_file = env.get("FAKE_VERSION_FILE")
+        if version_file:
+            with open(version_file) as f:
+                lines = f.read().splitlines()
+            self.version = lines[0].strip() if lines else self.version
+            extra = lines[1] if len(lines) > 1 else ""
+        listed = ",".join(part for part in (env.get("FAKE_TOOLS", ""), extra) if part)
+        named = (n.strip() for n in listed.split(","))
         counted = range(int(env.get("FAKE_TOOL_COUNT") or 0))
         self.static_names = (*(n for n in named if n), *(f"tool_{i}" for i in counted))
         page = env.get("FAKE_PAGE_SIZE")
@@ -289,7 +300,7 @@ class FakeServer:
                 "logging": {},
                 "completions": {},
             },
-            "serverInfo": {"name": "fake-upstream", "version": "1.0"},
+            "serverInfo": {"name": "fake-upstream", "version": self.version},
         }
         instructions = self.env.get("FAKE_INSTRUCTIONS")
         if instructions is not None:

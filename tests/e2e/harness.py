@@ -340,7 +340,13 @@ class DaemonProcess:
 
     def attach_env(self) -> dict[str, str]:
         # Only what mcpool reads: stdio_client merges this over a minimal default env.
-        keys = ("MCPOOL_SOCKET", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR")
+        keys = (
+            "MCPOOL_SOCKET",
+            "XDG_STATE_HOME",
+            "XDG_CONFIG_HOME",
+            "XDG_CACHE_HOME",
+            "XDG_RUNTIME_DIR",
+        )
         return {key: self.env[key] for key in keys if key in self.env}
 
     def raw(self) -> AbstractAsyncContextManager[RawSocketClient]:
@@ -433,6 +439,7 @@ class DaemonFactory:
             "MCPOOL_SOCKET": str(sock),
             "XDG_STATE_HOME": str(root / "state"),
             "XDG_CONFIG_HOME": str(root / "config"),
+            "XDG_CACHE_HOME": str(root / "cache"),
             **(env or {}),
         }
         process = DaemonProcess(

@@ -281,8 +281,10 @@ class Daemon:
         servers: dict[str, dict[str, Any]],
         daemon_opts: dict[str, Any] | None = None,
         python_args: list[str] | None = None,
+        cache_home: str | None = None,
     ):
-        """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`)."""
+        """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`); `cache_home`
+        keeps discovery snapshots across daemons (default: this daemon's own folder)."""
         self.dir = tempfile.mkdtemp(prefix="mcpool-bench-")
         self.sock = os.path.join(self.dir, "d.sock")
         self.config = os.path.join(self.dir, "config.json")
@@ -291,6 +293,7 @@ class Daemon:
         )
         env = dict(os.environ)
         env["XDG_STATE_HOME"] = os.path.join(self.dir, "state")
+        env["XDG_CACHE_HOME"] = cache_home or os.path.join(self.dir, "cache")
         env["MCPOOL_SOCKET"] = self.sock
         self.env = env
         self.proc = subprocess.Popen(

@@ -1,0 +1,135 @@
+"""The daemon's snapshot store: one file per transport fingerprint in the XDG cache folder.
+
+A file is named by a hash of the fingerprint (the fingerprint itself is inside and checked on
+load) and holds the `StoredSnapshot` record as JSON, mode 0600 (tool descriptions can quote a
+server's configuration). It is a cache: a file that is missing, unreadable, corrupt, of another
+format or for another fingerprint is ignored (a log line for all but a missing one), never
+fatal. The folder is bounded in total size: after each write the oldest files go first. Writes
+run in a worker thread, so a slow disk never holds up the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from mcpool.pool import SNAPSHOT_FORMAT, StoredSnapshot
+
+from ._files import write_private
+
+# The whole folder's bound: dozens of servers' lists fit; past it the oldest records go.
+MAX_SNAPSHOTS_BYTES = 8 * 1024 * 1024
+# One server's record larger than this is not kept (and one on disk is not read): a list that
+# big is a broken server's, and reading it would stall the loop.
+MAX_SNAPSHOT_FILE_BYTES = 2 * 1024 * 1024
+SUFFIX = ".json"
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(StoredSnapshot)
+
+
+def snapshot_file_name(fingerprint: str) -> str:
+    return hashlib.sha256(fingerprint.encode()).hexdigest()[:32] + SUFFIX
+
+
+def eviction(files: list[tuple[str, float, int]], *, limit: int, keep: str) -> list[str]:
+    """Which files (name, mtime, size) to delete so the total fits `limit`: oldest first,
+    never `keep` (the one just written)."""
+    total = sum(size for _, _, size in files)
+    doomed = []
+    for name, _, size in sorted(files, key=lambda f: f[1]):
+        if total <= limit:
+            break
+        if name == keep:
+            continue
+        doomed.append(name)
+        total -= size
+    return doomed
+
+
+class FileSnapshotStore:
+    def __init__(
+        self,
+        folder: Path,
+        log: Callable[..., None],
+        *,
+        max_bytes: int = MAX_SNAPSHOTS_BYTES,
+    ) -> None:
+        self.folder = folder
+        self.log = log
+        self.max_bytes = max_bytes
+
+    def path_for(self, fingerprint: str) -> Path:
+        return self.folder / snapshot_file_name(fingerprint)
+
+    def load(self, fingerprint: str) -> StoredSnapshot | None:
+        path = self.path_for(fingerprint)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SNAPSHOT_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return self._ignored(path, f"unreadable: {exc.strerror or exc}")
+        if len(data) > MAX_SNAPSHOT_FILE_BYTES:
+            return self._ignored(path, f"larger than {MAX_SNAPSHOT_FILE_BYTES} bytes")
+        try:
+            record = _decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return self._ignored(path, f"corrupt: {exc}")
+        if record.format != SNAPSHOT_FORMAT:
+            return self._ignored(path, f"format {record.format}, not {SNAPSHOT_FORMAT}")
+        if record.fingerprint != fingerprint:
+            return self._ignored(path, "it is another server's")
+        return record
+
+    def _ignored(self, path: Path, why: str) -> StoredSnapshot | None:
+        self.log("warning", f"snapshot cache file {path} ignored: {why}", file=str(path))
+        return None
+
+    async def save(self, record: StoredSnapshot) -> None:
+        data = _encoder.encode(record)
+        if len(data) > MAX_SNAPSHOT_FILE_BYTES:
+            self.log(
+                "info",
+                f"snapshot of {record.server_name or 'a server'} not kept: {len(data)} bytes",
+            )
+            return
+        path = self.path_for(record.fingerprint)
+        try:
+            await trio.to_thread.run_sync(self._write, path, data)
+        except OSError as exc:
+            self.log("warning", f"snapshot cache file {path} not written: {exc}", file=str(path))
+
+    def _write(self, path: Path, data: bytes) -> None:
+        write_private(path, data)
+        files: list[tuple[str, float, int]] = []
+        with os.scandir(self.folder) as it:
+            for item in it:
+                if not item.name.endswith(SUFFIX):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = item.stat(follow_symlinks=False)
+                    files.append((item.name, st.st_mtime, st.st_size))
+        for name in eviction(files, limit=self.max_bytes, keep=path.name):
+            with contextlib.suppress(OSError):
+                os.unlink(self.folder / name)
+
+    def forget(self, fingerprint: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path_for(fingerprint))
+
+
+def describe_snapshot(snapshot: Any) -> str:
+    """What `daemonctl servers` shows: the entry's lists are the live discovery, the stored
+    one (the process is still starting), or none yet."""
+    if not snapshot.available:
+        return "none"
+    return "cached" if snapshot.cached else "live"

@@ -1,0 +1,135 @@
+"""Remembered discoveries: what an entry's server offered last time, for a cold start.
+
+Theory of operation: when an entry's discovery completes (and after each relist), the pool hands
+a `StoredSnapshot` to the `SnapshotStore` it was built with; the store keeps one per transport
+fingerprint. When the pool creates an entry for a fingerprint it has a stored snapshot for, the
+entry publishes it at once as its first snapshot, flagged `cached`, so sessions list the server's
+items before the process is up. The stored record names the server as it reported itself
+(`serverInfo` name and version): when the live handshake reports another name or version, the
+record is invalidated (dropped, logged) and the live discovery replaces it; either way the live
+snapshot is published and the usual canonical comparison decides whether sessions hear
+list_changed. The pool knows nothing of where or how records are kept (the daemon passes a store
+over its cache folder; tests pass a dict).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+from ._entry import Snapshot
+
+# Bumped when the record's meaning changes: a record of another format is ignored, not decoded.
+SNAPSHOT_FORMAT = 1
+
+
+class StoredSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One entry's last discovery as kept across daemon restarts (camelCase on disk)."""
+
+    format: int = SNAPSHOT_FORMAT
+    fingerprint: str
+    server_name: str = msgspec.field(default="", name="serverName")
+    server_version: str = msgspec.field(default="", name="serverVersion")
+    era: str | None = None
+    protocol_version: str | None = msgspec.field(default=None, name="protocolVersion")
+    saved_at: float = msgspec.field(default=0.0, name="savedAt")  # wall clock
+    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    prompts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    resources: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    resource_templates: list[dict[str, Any]] = msgspec.field(
+        default_factory=list, name="resourceTemplates"
+    )
+    instructions: str | None = None
+    capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def same_content(self, other: StoredSnapshot) -> bool:
+        """Equal but for when it was saved: no need to write it again."""
+        return msgspec.structs.replace(self, saved_at=0.0) == msgspec.structs.replace(
+            other, saved_at=0.0
+        )
+
+
+class SnapshotStore(Protocol):
+    """Where the pool keeps discoveries. Implementations must never raise for a bad record
+    (a corrupt or unreadable one is None, with a log line of their own)."""
+
+    def load(self, fingerprint: str) -> StoredSnapshot | None: ...
+
+    async def save(self, record: StoredSnapshot) -> None: ...
+
+    def forget(self, fingerprint: str) -> None: ...
+
+
+class MemorySnapshotStore:
+    """A store in a dict: tests, and a daemon run without a cache folder."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, StoredSnapshot] = {}
+
+    def load(self, fingerprint: str) -> StoredSnapshot | None:
+        return self.records.get(fingerprint)
+
+    async def save(self, record: StoredSnapshot) -> None:
+        self.records[record.fingerprint] = record
+
+    def forget(self, fingerprint: str) -> None:
+        self.records.pop(fingerprint, None)
+
+
+def server_identity(server_info: dict[str, Any]) -> tuple[str, str]:
+    """(name, version) as the server reported them; a non-string is treated as absent."""
+    name = server_info.get("name")
+    version = server_info.get("version")
+    return (name if isinstance(name, str) else "", version if isinstance(version, str) else "")
+
+
+def invalidation(record: StoredSnapshot, server_info: dict[str, Any]) -> str | None:
+    """Why a stored record no longer describes the server that answered, or None."""
+    name, version = server_identity(server_info)
+    if name != record.server_name:
+        return f"the server's name changed ({record.server_name!r} -> {name!r})"
+    if version != record.server_version:
+        return f"the server's version changed ({record.server_version!r} -> {version!r})"
+    return None
+
+
+def to_record(
+    snapshot: Snapshot,
+    *,
+    fingerprint: str,
+    server_info: dict[str, Any],
+    era: str | None,
+    protocol_version: str | None,
+    saved_at: float,
+) -> StoredSnapshot:
+    name, version = server_identity(server_info)
+    return StoredSnapshot(
+        fingerprint=fingerprint,
+        server_name=name,
+        server_version=version,
+        era=era,
+        protocol_version=protocol_version,
+        saved_at=saved_at,
+        tools=list(snapshot.tools),
+        prompts=list(snapshot.prompts),
+        resources=list(snapshot.resources),
+        resource_templates=list(snapshot.resource_templates),
+        instructions=snapshot.instructions,
+        capabilities=snapshot.capabilities,
+    )
+
+
+def from_record(record: StoredSnapshot, generation: int) -> Snapshot:
+    """The entry's first snapshot, from what the server offered last time (flagged cached)."""
+    return Snapshot(
+        generation=generation,
+        available=True,
+        cached=True,
+        tools=tuple(i for i in record.tools if isinstance(i, dict)),
+        prompts=tuple(i for i in record.prompts if isinstance(i, dict)),
+        resources=tuple(i for i in record.resources if isinstance(i, dict)),
+        resource_templates=tuple(i for i in record.resource_templates if isinstance(i, dict)),
+        instructions=record.instructions,
+        capabilities=record.capabilities,
+    )

@@ -1,0 +1,274 @@
+"""Stored discovery snapshots (issue 14, point 2): the pool side on a fake upstream and a
+MockClock, the record's pure decisions, and the daemon's file store on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+from fakes import FakeNet, FakeServer, make_pool, stdio, tool
+
+from mcpool.daemon._snapshots import (
+    FileSnapshotStore,
+    describe_snapshot,
+    eviction,
+    snapshot_file_name,
+)
+from mcpool.pool import (
+    SNAPSHOT_FORMAT,
+    MemorySnapshotStore,
+    Pool,
+    PoolEntry,
+    Snapshot,
+    StoredSnapshot,
+    identity_of,
+)
+from mcpool.pool._snapshots import from_record, invalidation, to_record
+
+START_TIMEOUT_MS = 4000  # the entry's `timeout`: how long a call waits for a cached server
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.seen: list[Snapshot] = []
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        self.seen.append(entry.snapshot)
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: object) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: object, msg: object) -> None:
+        return None
+
+
+class Logs:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, level: str, message: str, **fields: Any) -> None:
+        self.lines.append(f"{level}: {message}")
+
+
+def _pool(nursery: trio.Nursery, net: FakeNet, store: MemorySnapshotStore, log: Logs) -> Pool:
+    pool = make_pool(nursery, net)
+    pool._snapshots = store
+    pool.log = log
+    return pool
+
+
+def _record(fingerprint: str, *names: str, version: str = "1.0") -> StoredSnapshot:
+    return StoredSnapshot(
+        fingerprint=fingerprint,
+        server_name="srv",
+        server_version=version,
+        tools=[tool(n) for n in names],
+        capabilities={"tools": {}},
+    )
+
+
+SETTINGS = stdio("srv", timeout=START_TIMEOUT_MS)
+IDENTITY = identity_of("srv", SETTINGS)
+
+
+async def test_a_stored_snapshot_is_the_first_snapshot_and_a_request_waits_for_the_server(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gate = trio.Event()
+    server = FakeServer(tools=[tool("alpha"), tool("beta")])
+    server.start_gate = gate
+    net = FakeNet(srv=server)
+    store = MemorySnapshotStore()
+    await store.save(_record(IDENTITY.fingerprint, "alpha"))
+    log = Logs()
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, net, store, log)
+        listener = Listener()
+        # Returns at once: the stored snapshot stands in while the server starts.
+        with trio.fail_after(0.001):
+            handle = await pool.acquire(IDENTITY, SETTINGS, "s1", listener)
+        entry = handle.entry
+        assert entry.snapshot.cached and entry.snapshot.available
+        assert [t["name"] for t in entry.snapshot.tools] == ["alpha"]
+        assert describe_snapshot(entry.snapshot) == "cached"
+
+        got: list[object] = []
+
+        async def request() -> None:
+            got.append(await pool.wait_up(entry))
+
+        nursery.start_soon(request)
+        await trio.sleep(1.0)
+        assert got == []  # still waiting for the server
+        server.current.server_info = {"name": "srv", "version": "1.0"}
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [server.current]
+        assert not entry.snapshot.cached
+        assert [t["name"] for t in entry.snapshot.tools] == ["alpha", "beta"]
+        assert describe_snapshot(entry.snapshot) == "live"
+        assert [s.cached for s in listener.seen] == [False]  # one change: cached -> live
+        # The live discovery is what the store keeps now.
+        saved = store.load(IDENTITY.fingerprint)
+        assert saved is not None
+        assert [t["name"] for t in saved.tools] == ["alpha", "beta"]
+        assert not any("invalidated" in line for line in log.lines)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_waits_no_longer_than_the_entrys_start_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer(tools=[tool("alpha")])
+    server.start_gate = trio.Event()  # never opens
+    store = MemorySnapshotStore()
+    await store.save(_record(IDENTITY.fingerprint, "alpha"))
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, FakeNet(srv=server), store, Logs())
+        handle = await pool.acquire(IDENTITY, SETTINGS, "s1", Listener())
+        start = trio.current_time()
+        assert await pool.wait_up(handle.entry) is None
+        assert trio.current_time() - start == pytest.approx(START_TIMEOUT_MS / 1000)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_changed_server_version_drops_the_stored_record(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gate = trio.Event()
+    server = FakeServer(tools=[tool("new")])
+    server.start_gate = gate
+    store = MemorySnapshotStore()
+    await store.save(_record(IDENTITY.fingerprint, "old", version="1.0"))
+    log = Logs()
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, FakeNet(srv=server), store, log)
+        handle = await pool.acquire(IDENTITY, SETTINGS, "s1", Listener())
+        await trio.testing.wait_all_tasks_blocked()
+        server.current.server_info = {"name": "srv", "version": "2.0"}
+        gate.set()
+        assert await pool.wait_up(handle.entry) is server.current
+        await trio.testing.wait_all_tasks_blocked()
+        assert [t["name"] for t in handle.entry.snapshot.tools] == ["new"]
+        saved = store.load(IDENTITY.fingerprint)
+        assert saved is not None and saved.server_version == "2.0"
+        assert [t["name"] for t in saved.tools] == ["new"]
+        assert any(
+            "stored snapshot invalidated: the server's version changed ('1.0' -> '2.0')" in line
+            for line in log.lines
+        )
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_a_stored_snapshot_the_first_start_is_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gate = trio.Event()
+    server = FakeServer(tools=[tool("alpha")])
+    server.start_gate = gate
+    store = MemorySnapshotStore()
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, FakeNet(srv=server), store, Logs())
+        handle = pool.lease(IDENTITY, SETTINGS, "s1", Listener())
+        await trio.testing.wait_all_tasks_blocked()
+        assert not handle.entry.ready.is_set()
+        assert describe_snapshot(handle.entry.snapshot) == "none"
+        assert await pool.wait_up(handle.entry) is None  # nothing cached: no waiting here
+        gate.set()
+        await handle.entry.ready.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.load(IDENTITY.fingerprint) is not None
+        nursery.cancel_scope.cancel()
+
+
+# -- the record ----------------------------------------------------------------------------------
+
+
+def test_a_record_round_trips_the_snapshot_and_names_the_server() -> None:
+    snap = Snapshot(
+        generation=7,
+        available=True,
+        tools=(tool("a"),),
+        prompts=({"name": "p"},),
+        resources=({"uri": "x://1", "name": "one"},),
+        resource_templates=({"uriTemplate": "x://{id}", "name": "t"},),
+        instructions="use it",
+        capabilities={"tools": {"listChanged": True}},
+    )
+    record = to_record(
+        snap,
+        fingerprint="fp",
+        server_info={"name": "srv", "version": "3.1"},
+        era="handshake",
+        protocol_version="2025-06-18",
+        saved_at=1.0,
+    )
+    back = from_record(msgspec.json.decode(msgspec.json.encode(record), type=StoredSnapshot), 2)
+    assert back == msgspec.structs.replace(snap, generation=2, cached=True)
+    assert invalidation(record, {"name": "srv", "version": "3.1"}) is None
+    assert invalidation(record, {"name": "srv", "version": "3.2"}) is not None
+    assert invalidation(record, {"name": "other", "version": "3.1"}) is not None
+    assert invalidation(record, {"name": 5}) is not None  # hostile serverInfo: absent
+    assert record.same_content(msgspec.structs.replace(record, saved_at=2.0))
+
+
+def test_eviction_drops_the_oldest_until_the_folder_fits_never_the_new_one() -> None:
+    files = [("a", 1.0, 40), ("b", 2.0, 40), ("c", 3.0, 40), ("new", 0.5, 40)]
+    assert eviction(files, limit=100, keep="new") == ["a", "b"]
+    assert eviction(files, limit=200, keep="new") == []
+
+
+# -- the daemon's file store ---------------------------------------------------------------------
+
+
+async def test_the_file_store_writes_0600_and_bounds_the_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "snapshots"
+    store = FileSnapshotStore(folder, Logs(), max_bytes=1500)
+    for i in range(4):
+        await store.save(_record(f"fp{i}", *(f"tool{j}" for j in range(5))))
+        path = folder / snapshot_file_name(f"fp{i}")
+        os.utime(path, (1000.0 + i, 1000.0 + i))
+    remaining = sorted(p.name for p in folder.glob("*.json"))
+    assert snapshot_file_name("fp3") in remaining
+    assert snapshot_file_name("fp0") not in remaining
+    assert sum(p.stat().st_size for p in folder.glob("*.json")) <= 1500
+    for p in folder.glob("*.json"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    loaded = store.load("fp3")
+    assert loaded is not None and loaded.tools[0]["name"] == "tool0"
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{not json", "corrupt"),
+        (b'{"format": 1, "fingerprint": "fp", "tools": "nope"}', "corrupt"),
+        (json.dumps({"format": SNAPSHOT_FORMAT + 1, "fingerprint": "fp"}).encode(), "format"),
+        (json.dumps({"format": SNAPSHOT_FORMAT, "fingerprint": "other"}).encode(), "another"),
+    ],
+)
+def test_a_bad_cache_file_is_ignored_with_a_log_line(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    log = Logs()
+    store = FileSnapshotStore(tmp_path, log)
+    (tmp_path / snapshot_file_name("fp")).write_bytes(content)
+    assert store.load("fp") is None
+    assert len(log.lines) == 1 and "ignored" in log.lines[0] and why in log.lines[0]
+
+
+def test_an_unreadable_or_missing_cache_file_is_not_fatal(tmp_path: Path) -> None:
+    log = Logs()
+    store = FileSnapshotStore(tmp_path, log)
+    assert store.load("missing") is None and log.lines == []
+    (tmp_path / snapshot_file_name("fp")).mkdir()  # reading a folder fails
+    assert store.load("fp") is None
+    assert "unreadable" in log.lines[0]
+    store.forget("fp")  # a folder is not unlinked; forgetting it is not fatal either
