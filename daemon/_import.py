@@ -212,8 +212,19 @@ def _convert_entry(
             entry[key] = raw[key]
         elif key == "envFile":
             notes.append(f"envFile {raw[key]!r} not carried over: copy its variables into env")
-        elif key in ("oauth", "authProviderType", "targetAudience", "targetServiceAccount"):
-            notes.append(f"{key} not carried over: mcpool has no OAuth support yet")
+        elif key == "oauth" and isinstance(raw[key], dict):
+            # mcpool reads the same object (pool/_oauth.py OAuthSettings); what it discovers
+            # itself (authorizationUrl, tokenUrl, ...) is left out, and said so.
+            known = ("enabled", "clientId", "clientSecret", "scopes", "callbackPort")
+            entry["oauth"] = {k: v for k, v in raw[key].items() if k in known}
+            dropped = sorted(k for k in raw[key] if k not in known)
+            if dropped:
+                notes.append(
+                    f"oauth fields {', '.join(dropped)} not carried over: mcpool discovers "
+                    "them from the server (`daemonctl login NAME` logs in)"
+                )
+        elif key in ("authProviderType", "targetAudience", "targetServiceAccount"):
+            notes.append(f"{key} not carried over: mcpool supports the OAuth login flow only")
         elif key == "dev":
             notes.append("VS Code's dev (watch/debug) settings ignored")
         elif key == "gallery" or key == "version":

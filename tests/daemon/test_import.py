@@ -108,10 +108,12 @@ def test_gemini_fields_are_mcpools_own() -> None:
         "excludeTools": ["dangerous_tool"],
     }
     assert servers["sseServer"] == {"url": "http://localhost:8081/sse", "trust": True}
-    assert servers["gcp"] == {"httpUrl": "https://my-gcp-service.run.app/mcp"}
+    assert servers["gcp"] == {
+        "httpUrl": "https://my-gcp-service.run.app/mcp",
+        "oauth": {"scopes": ["https://www.googleapis.com/auth/userinfo.email"]},
+    }
     assert servers["legacy"]["disabled"] is True
     text = "\n".join(notes)
-    assert "gcp: oauth not carried over" in text
     assert "gcp: authProviderType not carried over" in text
     assert "pythonTools: cwd './mcp-servers/python' is relative" in text
     assert "env.DATABASE_URL uses $DB_CONNECTION_STRING" in text
@@ -190,7 +192,7 @@ def test_import_dry_run_prints_json_and_writes_nothing(tmp_path: Path) -> None:
         "pythonTools", "httpServer", "sseServer", "gcp", "legacy"
     }  # fmt: skip
     assert "would import from gemini" in done.stderr
-    assert "gcp: oauth not carried over" in done.stderr
+    assert "gcp: authProviderType not carried over" in done.stderr
     assert not out.exists()
     assert not (tmp_path / ".config").exists()
 
