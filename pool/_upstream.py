@@ -49,6 +49,9 @@ from mcpool.protocol import (
     INTERNAL_ERROR,
     LATEST_HANDSHAKE,
     MODERN_VERSION,
+    UPSTREAM_CLOSED,
+    UPSTREAM_TIMEOUT,
+    UPSTREAM_UNAVAILABLE,
     LineFramer,
     McpoolError,
     Message,
@@ -381,6 +384,11 @@ class Upstream:
         msg = box[0]
         if msg.error is not UNSET:
             err = _result_decoder.decode(msg.error)
+            own = _own_reason(err)
+            if own is not None:
+                # Synthesized here (the connection failed the request): its reason says what
+                # happened ("answered HTTP 401 ..."), where its message is only the family.
+                raise McpoolError(own, message=str(err["message"]), code=err["code"], method=method)
             text = err.get("message") if isinstance(err, dict) else err
             raise McpoolError(
                 f"server '{self.name}' answered {method} with an error: {text}",
@@ -808,6 +816,18 @@ class StdioUpstream(Upstream):
                 await proc.wait()
         self.exit_status = proc.returncode
         self._exited.set()
+
+
+_OWN_CODES = frozenset({UPSTREAM_UNAVAILABLE, UPSTREAM_CLOSED, UPSTREAM_TIMEOUT})
+
+
+def _own_reason(err: Any) -> str | None:
+    """The reason of an error this connection synthesized (mcpool's codes), else None."""
+    if not isinstance(err, dict) or err.get("code") not in _OWN_CODES:
+        return None
+    data = err.get("data")
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return reason if isinstance(reason, str) and isinstance(err.get("message"), str) else None
 
 
 def _client_info() -> dict[str, Any]:
