@@ -506,6 +506,7 @@ class HttpUpstream(Upstream):
         cb = self._pending.pop(uid, None)
         if cb is None:
             return
+        self._check_settled()
         err = UpstreamUnavailable(self.name, f"server '{self.name}' {what}", **self._details())
         cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(err.to_error_object()))))
 
@@ -518,6 +519,7 @@ class HttpUpstream(Upstream):
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict) and isinstance(error.get("code"), int):
             cb = self._pending.pop(uid, None)
+            self._check_settled()
             if cb is not None:
                 cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(error))))
             return

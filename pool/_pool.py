@@ -61,7 +61,10 @@ CRASH_LOOP_WINDOW = 120.0
 # attaches to it: rare enough that a server that is still broken costs one spawn per cooldown.
 CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
-ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+ENTRY_CLOSE_BOUND = 10.0
+# A drained entry waits for its requests in flight at most their time limit plus this: the
+# connection's own timer answers each by then; the slack only covers that timer's wake-up.
+IN_FLIGHT_SLACK = 1.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
 
 class PoolOptions(msgspec.Struct, kw_only=True):
@@ -132,6 +135,8 @@ class Pool:
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
+        # Every connection that exists, started or still starting: what `kill_all` reaches.
+        self._connections: dict[PoolEntry, Upstream] = {}
 
     @property
     def options(self) -> PoolOptions:
@@ -295,11 +300,12 @@ class Pool:
                 entry.upstream.request_close("restart requested")
 
     def kill_all(self) -> None:
-        """Past the shutdown bound: SIGKILL every upstream process group now."""
-        for entry in self._entries.values():
-            if entry.upstream is not None and entry.upstream.pid is not None:
+        """Past the shutdown bound: SIGKILL every upstream process group now, those still
+        starting (spawned, handshake or discovery not done) included (L5)."""
+        for upstream in list(self._connections.values()):
+            if upstream.pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(entry.upstream.pid, signal.SIGKILL)
+                    os.killpg(upstream.pid, signal.SIGKILL)
 
     async def aclose(self) -> None:
         """Close every entry (L4 each), bounded."""
@@ -346,6 +352,20 @@ class Pool:
                 await moved.wait()
                 continue
             if entry.leases == 0 or entry.closing:
+                upstream = entry.upstream
+                if upstream is not None and upstream.in_flight and not entry.closing:
+                    # L7: requests in flight end first (each within its time limit); a session
+                    # leasing the entry meanwhile keeps it (the loop looks again).
+                    self.log(
+                        "info",
+                        f"server '{entry.name}': drained; closing once its "
+                        f"{upstream.in_flight} request(s) in flight end",
+                        server=entry.name,
+                    )
+                    with trio.move_on_after(upstream.request_timeout + IN_FLIGHT_SLACK):
+                        await upstream.wait_settled()
+                    if entry.leases and not entry.closing:
+                        continue
                 self._close_entry(entry, "drained")
                 return
             entry.move_deadline(math.inf)
@@ -417,6 +437,7 @@ class Pool:
             roots=tuple(entry.settings.roots) or entry.identity.roots,
         )
         events.upstream = upstream
+        self._connections[entry] = upstream
         upstream.known_era = entry.era
         upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
@@ -449,6 +470,8 @@ class Pool:
         finally:
             entry.starting = None
             entry.upstream = None
+            if self._connections.get(entry) is upstream:
+                del self._connections[entry]
             entry.stderr_history = list(upstream.stderr_tail)
         if failure is None and upstream.closed_reason not in (
             None,

@@ -167,6 +167,7 @@ class Upstream:
         self._roots = roots
         self._next_id = 1
         self._pending: dict[int, ReplyCallback] = {}
+        self._settled = trio.Event()  # set whenever `_pending` runs empty (`wait_settled`)
         # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
         # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
         # (deadline, id, method, limit) instead of a task or a cancel scope per request.
@@ -259,6 +260,7 @@ class Upstream:
             self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
             err = UpstreamTimeout(self.name, reason, message=reason, method=method, timeout=limit)
             cb(Message(jsonrpc="2.0", id=uid, error=Raw(_encoder.encode(err.to_error_object()))))
+        self._check_settled()
         return heap[0][0] if heap else math.inf
 
     async def _expire_requests(self) -> None:
@@ -314,7 +316,9 @@ class Upstream:
 
     def forget(self, uid: int) -> bool:
         """Drop a pending request (cancelled downstream): its late response is discarded (P2)."""
-        return self._pending.pop(uid, None) is not None
+        dropped = self._pending.pop(uid, None) is not None
+        self._check_settled()
+        return dropped
 
     def cancel(self, uid: int, reason: str) -> None:
         if self.forget(uid):
@@ -341,6 +345,18 @@ class Upstream:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    async def wait_settled(self) -> None:
+        """Return once no request is in flight (L7: a drained entry closes after its calls;
+        each request is bounded by its time limit, so this wait is too)."""
+        while self._pending and not self._exited.is_set():
+            if self._settled.is_set():
+                self._settled = trio.Event()
+            await self._settled.wait()
+
+    def _check_settled(self) -> None:
+        if not self._pending:
+            self._settled.set()
 
     async def call(
         self, method: str, params: Any = UNSET, *, timeout: float, cancellable: bool = True
@@ -581,6 +597,8 @@ class Upstream:
                         cb = self._pending.pop(msg.id, None)
                         if cb is not None:
                             cb(msg)
+                            if not self._pending:
+                                self._settled.set()
                 elif msg.id is UNSET:
                     self._events.on_notification(msg.method, msg.params)
                 elif msg.method == "ping":
@@ -604,6 +622,7 @@ class Upstream:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
+        self._settled.set()
         err = UpstreamClosed(
             self.name,
             f"server '{self.name}' {self.closed_reason or 'closed'} "
