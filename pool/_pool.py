@@ -563,6 +563,27 @@ async def discover(upstream: Upstream, generation: int, timeout: float) -> Snaps
     )
 
 
+_NOBODY: Any = object()  # `log_owner`: the message belongs to a session that is gone
+
+
+def log_owner(handles: list[Handle], *, related: Handle | None, stdio: bool) -> Any:
+    """Whose log message this is (issue 15, point 2): the handle it goes to alone; `_NOBODY`
+    when it belongs to a session no longer here (dropped); None when it is unattributable and
+    fans out to every session (each filters by the level it asked for).
+
+    HTTP: a message on the response stream of a session's request is that session's
+    (`related`); one on the stream of a request that is no longer a session's (released, or
+    one of mcpool's own) or on the GET stream is unattributable. stdio: a message sent while
+    exactly one session has requests in flight is that session's.
+    """
+    if related is not None:
+        return related if any(h is related for h in handles) else _NOBODY
+    if not stdio:
+        return None
+    busy = [h for h in handles if h.in_flight > 0]
+    return busy[0] if len(busy) == 1 else None
+
+
 _LIST_CHANGED = {
     "notifications/tools/list_changed": ("tools", "tools/list", "tools"),
     "notifications/prompts/list_changed": ("prompts", "prompts/list", "prompts"),
@@ -604,7 +625,18 @@ class _EntryEvents:
         if spec is not None:
             self._schedule_relist(*spec)
             return
-        for handle in list(entry.handles.values()):
+        handles = list(entry.handles.values())
+        if method == "notifications/message":
+            owner = log_owner(
+                handles,
+                related=getattr(self.upstream, "related_handle", None),
+                stdio=entry.identity.kind == "stdio",
+            )
+            if owner is not None:
+                if owner is not _NOBODY:
+                    owner.listener.upstream_notification(entry, method, params)
+                return
+        for handle in handles:
             handle.listener.upstream_notification(entry, method, params)
 
     def on_server_request(self, upstream: Upstream, msg: Message) -> None:
