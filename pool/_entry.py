@@ -134,6 +134,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     resource_templates: tuple[dict[str, Any], ...] = ()
     instructions: str | None = None
     capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+    # What the upstream listed that could not be used (malformed items, left out), one line per
+    # list ("tools/list: ..."): shown by `daemonctl status` and `servers --json` (issue 15, 8).
+    notes: tuple[str, ...] = ()
 
 
 class EntryListener(Protocol):

@@ -459,6 +459,8 @@ class Pool:
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
+                for note in snapshot.notes:
+                    self.log("warning", f"server '{entry.name}': {note}", server=entry.name)
                 entry.publish(snapshot)
                 entry.ready.set()
                 events.started(nursery)
@@ -514,10 +516,61 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# The field every listed item must have as a string, per list; an item without it is unusable.
+_ITEM_KEYS = {
+    "tools": "name",
+    "prompts": "name",
+    "resources": "uri",
+    "resourceTemplates": "uriTemplate",
+}
+MAX_NOTED_ITEMS = 5  # malformed items described one by one in a note; the rest are counted
+
+
+def malformed_item(field: str, item: Any) -> str | None:
+    """Why a listed item cannot be used (pure), or None when it can."""
+    if not isinstance(item, dict):
+        return f"a non-object item ({_json_type(item)})"
+    key = _ITEM_KEYS.get(field)
+    if key is None or isinstance(item.get(key), str):
+        return None
+    if key not in item:
+        return f"an item with no {key}"
+    return f"an item whose {key} is {_json_type(item[key])}, not a string"
+
+
+def malformed_note(method: str, problems: list[str]) -> str:
+    """One line for what a list left out: `tools/list: 2 malformed items left out: ...`."""
+    shown = "; ".join(problems[:MAX_NOTED_ITEMS])
+    more = (
+        f"; and {len(problems) - MAX_NOTED_ITEMS} more" if len(problems) > MAX_NOTED_ITEMS else ""
+    )
+    count = f"{len(problems)} malformed item{'s' if len(problems) != 1 else ''}"
+    return f"{method}: {count} left out: {shown}{more}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 async def list_all(
-    upstream: Upstream, method: str, field: str, timeout: float
+    upstream: Upstream,
+    method: str,
+    field: str,
+    timeout: float,
+    notes: list[str] | None = None,
 ) -> tuple[dict[str, Any], ...]:
+    """Every page of a list. Malformed items are left out, and said so in `notes` (one line
+    for this list), never silently."""
     items: list[dict[str, Any]] = []
+    problems: list[str] = []
     cursor: str | None = None
     for _ in range(MAX_LIST_PAGES):
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
@@ -525,13 +578,20 @@ async def list_all(
         if isinstance(result, dict):
             page = result.get(field)
             if isinstance(page, list):
-                items.extend(i for i in page if isinstance(i, dict))
+                for item in page:
+                    why = malformed_item(field, item)
+                    if why is None:
+                        items.append(item)
+                    else:
+                        problems.append(f"item {len(items) + len(problems) + 1}: {why}")
             nxt = result.get("nextCursor")
             cursor = nxt if isinstance(nxt, str) and nxt else None
         else:
             cursor = None
         if cursor is None:
             break
+    if problems and notes is not None:
+        notes.append(malformed_note(method, problems))
     return tuple(items)
 
 
@@ -539,15 +599,16 @@ async def discover(upstream: Upstream, generation: int, timeout: float) -> Snaps
     caps = upstream.server_capabilities
     empty: tuple[dict[str, Any], ...] = ()
     tools = prompts = resources = templates = empty
+    notes: list[str] = []
     if "tools" in caps:
-        tools = await list_all(upstream, "tools/list", "tools", timeout)
+        tools = await list_all(upstream, "tools/list", "tools", timeout, notes)
     if "prompts" in caps:
-        prompts = await list_all(upstream, "prompts/list", "prompts", timeout)
+        prompts = await list_all(upstream, "prompts/list", "prompts", timeout, notes)
     if "resources" in caps:
-        resources = await list_all(upstream, "resources/list", "resources", timeout)
+        resources = await list_all(upstream, "resources/list", "resources", timeout, notes)
         try:
             templates = await list_all(
-                upstream, "resources/templates/list", "resourceTemplates", timeout
+                upstream, "resources/templates/list", "resourceTemplates", timeout, notes
             )
         except McpoolError:
             templates = empty  # optional: some servers list resources but not templates
@@ -560,6 +621,7 @@ async def discover(upstream: Upstream, generation: int, timeout: float) -> Snaps
         resource_templates=templates,
         instructions=upstream.instructions,
         capabilities=caps,
+        notes=tuple(notes),
     )
 
 
@@ -702,13 +764,18 @@ class _EntryEvents:
         try:
             while True:
                 self._relisting[kind] = False
+                notes: list[str] = []
                 try:
-                    items = await list_all(upstream, method, field, timeout)
+                    items = await list_all(upstream, method, field, timeout, notes)
                     templates = None
                     if kind == "resources":
                         try:
                             templates = await list_all(
-                                upstream, "resources/templates/list", "resourceTemplates", timeout
+                                upstream,
+                                "resources/templates/list",
+                                "resourceTemplates",
+                                timeout,
+                                notes,
                             )
                         except McpoolError:
                             templates = None
@@ -717,9 +784,17 @@ class _EntryEvents:
                 if self.entry.upstream is not upstream:
                     return
                 snap = self.entry.snapshot
-                changes: dict[str, Any] = {field: items}
+                # This list's notes replace its old ones; the other lists' stay.
+                relisted = (
+                    (method, "resources/templates/list") if kind == "resources" else (method,)
+                )
+                kept = [n for n in snap.notes if not n.startswith(tuple(f"{m}:" for m in relisted))]
+                changes: dict[str, Any] = {field: items, "notes": (*kept, *notes)}
                 if templates is not None:
                     changes["resource_templates"] = templates
+                for note in notes:
+                    if note not in snap.notes:
+                        self.pool.log("warning", f"server '{self.entry.name}': {note}")
                 self.entry.publish(
                     msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
                 )
