@@ -24,10 +24,15 @@ class WireServer:
         unauthorized: bool = False,
         poll: bool = False,
         tools: list[Any] | None = None,
+        modern: bool = False,
     ) -> None:
         self.unauthorized = unauthorized
         self.poll = poll
         self.tools = [SAY] if tools is None else tools
+        # modern: answers server/discover (2026-07-28) as well as initialize, and a tool call
+        # without inputResponses with an input_required result asking for an elicitation.
+        self.modern = modern
+        self.envelopes: list[Any] = []  # modern: each tools/call's `_meta` envelope
         self.port = 0
         self.gets: list[dict[str, str]] = []
         self.parked: list[Any] = []  # poll: the ids of calls whose stream ended unanswered
@@ -57,6 +62,38 @@ class WireServer:
         rid, method = msg.get("id"), msg.get("method")
         if rid is None:
             await _send(stream, 202, b"")
+        elif method == "server/discover" and self.modern:
+            result = {
+                "supportedVersions": ["2025-11-25", "2026-07-28"],
+                "capabilities": {"tools": {}},
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "wire", "version": "1"}},
+            }
+            await _send_json(stream, {"jsonrpc": "2.0", "id": rid, "result": result})
+        elif method == "tools/call" and self.modern:
+            params = msg["params"]
+            self.envelopes.append(params.get("_meta"))
+            if "inputResponses" not in params:
+                ask = {
+                    "method": "elicitation/create",
+                    "params": {
+                        "mode": "form",
+                        "message": "your name?",
+                        "requestedSchema": {
+                            "type": "object",
+                            "properties": {"name": {"type": "string"}},
+                        },
+                    },
+                }
+                result = {
+                    "resultType": "input_required",
+                    "inputRequests": {"who": ask},
+                    "requestState": "state-1",
+                }
+            else:
+                answer = params["inputResponses"]["who"]
+                text = f"{answer['content']['name']} ({params.get('requestState')})"
+                result = {"resultType": "complete", **_said(text)}
+            await _send_json(stream, {"jsonrpc": "2.0", "id": rid, "result": result})
         elif method == "initialize":
             result = {
                 "protocolVersion": "2025-06-18",
