@@ -10,8 +10,10 @@ import sys
 from typing import Any
 
 import mcp_types as types
+import pytest
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 from wire import WireServer
 
 from e2e.harness import DaemonFactory, attach_args
@@ -54,3 +56,29 @@ async def test_a_handshake_session_answers_a_modern_upstreams_elicitation(
     assert servers[0]["era"] == "modern"
     declared = server.envelopes[0][CLIENT_CAPABILITIES]
     assert "elicitation" in declared, server.envelopes
+
+
+async def test_input_a_handshake_session_cannot_give_is_refused_with_the_reason(
+    daemon_factory: DaemonFactory, nursery: trio.Nursery
+) -> None:
+    server = WireServer(modern=True)
+    await server.serve(nursery)
+    d = await daemon_factory()
+    settings = d.settings_file("s.json", {"both": {"type": "http", "url": server.url}})
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=attach_args(d.sock, [settings], "plain"),
+        env=d.attach_env(),
+        cwd=d.root,
+    )
+    with trio.fail_after(WAIT):
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(read, write) as session,  # no elicitation capability
+        ):
+            await session.initialize()
+            with pytest.raises(MCPError) as caught:
+                await session.call_tool("both__say", {})
+    assert "no elicitation capability" in str(caught.value.error.data), caught.value.error
+    assert CLIENT_CAPABILITIES in server.envelopes[0]
+    assert "elicitation" not in server.envelopes[0][CLIENT_CAPABILITIES]
