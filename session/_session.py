@@ -220,7 +220,7 @@ class _InFlight:
                     if isinstance(decoded, dict) and decoded.get("resultType") == "input_required":
                         refusal = _InputRound.start(self, decoded)
                         if refusal is None:
-                            return  # the client is asked; the retry answers the client
+                            return  # the client is asked; the retry answers it
                         obj = refusal.to_error_object()
                         s.deliver(
                             self.batch,
@@ -314,6 +314,8 @@ class _InputRound:
         if not asks and result.get("requestState") is None:
             return McpoolError(f"server '{name}' sent an empty input_required result", server=name)
         round_ = _InputRound(flight, result.get("requestState"))
+        # Listed as in flight meanwhile (at no upstream: uid -1), so the client can cancel it.
+        s.inflight[flight.client_id] = flight
         for key, method, params in asks:
             round_.pending.add(key)
             downstream_id = f"mcpool-{next(s._relay_ids)}"
@@ -332,6 +334,8 @@ class _InputRound:
         if error is not UNSET:
             self.pending.clear()
             s = self.flight.session
+            if not self._still_wanted():
+                return
             line = _encoder.encode(RawErrorResponse("2.0", self.flight.client_id, error)) + b"\n"
             s.deliver(self.flight.batch, line)
             return
@@ -346,10 +350,19 @@ class _InputRound:
             obj["data"] = data
         self.respond_raw(key, UNSET, Raw(_encoder.encode(obj)))
 
+    def _still_wanted(self) -> bool:
+        """Whether the client still waits for its request (not cancelled, session open); it
+        stops being listed as in flight either way."""
+        s = self.flight.session
+        if s.closed or s.inflight.get(self.flight.client_id) is not self.flight:
+            return False
+        del s.inflight[self.flight.client_id]
+        return True
+
     def retry(self) -> None:
         old = self.flight
         s = old.session
-        if s.closed or old.params is None:
+        if old.params is None or not self._still_wanted():
             return
         params = {
             k: v for k, v in old.params.items() if k not in ("inputResponses", "requestState")
