@@ -1019,7 +1019,10 @@ class Daemon:
                 for sid, st in self.sessions.items()
                 for server, error in st.session.registry_errors.items()
             ],
-            "notes": self.notes,
+            "notes": [
+                *self.notes,
+                *(f"server '{e.name}': {n}" for e in entries for n in e.snapshot.notes),
+            ],
             "skipped": self._skipped_entries(),
         }
 
@@ -1060,6 +1063,8 @@ class Daemon:
                     "protocol_version": up.protocol_version if up is not None else None,
                     "restarts": e.restarts,
                     "last_error": e.last_error,
+                    # what its lists held that could not be used (left out, with why)
+                    "notes": list(e.snapshot.notes),
                     # crash-loop only: when it is tried again on its own (wall clock)
                     "retry_at": (
                         self.started_wall + (e.retry_at - self.started)

@@ -143,6 +143,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     # From the snapshot store (what the server offered last time), not yet this process's own
     # discovery: the process is still starting.
     cached: bool = False
+    # What the upstream listed that could not be used (malformed items, left out), one line per
+    # list ("tools/list: ..."): shown by `daemonctl status` and `servers --json` (issue 15, 8).
+    notes: tuple[str, ...] = ()
 
 
 class EntryListener(Protocol):

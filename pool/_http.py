@@ -44,7 +44,7 @@ from mcpool.protocol import MODERN_VERSION, McpoolError, Message, UpstreamUnavai
 
 from . import _eras, _oauth
 from ._oauth import NeedsLogin
-from ._spec import TransportIdentity, redact_url
+from ._spec import TransportIdentity, printable, redact_url
 from ._upstream import UPSTREAM_WRITE_BUFFER, Upstream, UpstreamEvents
 
 if TYPE_CHECKING:
@@ -58,8 +58,12 @@ GET_RETRY = 1.0
 # waiting RESUME_RETRY, then twice that... between tries; then the connection counts as lost.
 RESUME_ATTEMPTS = 3
 RESUME_RETRY = 0.2
+# A server's `retry` (milliseconds) is obeyed up to this: a huge one must not park a request's
+# task long after the request's own time limit answered it.
+MAX_RETRY = 30.0
 # An error body is only quoted in the error a request gets; more than this is not worth reading.
 MAX_ERROR_BODY = 64 * 1024
+MAX_CHALLENGE = 1024  # of a WWW-Authenticate header quoted in an error; the rest is noise
 KEEPALIVE_CONNECTIONS = 8  # idle connections kept to one server; open streams are not limited
 NOTES = "[mcpool]"  # prefix of the transport events kept in stderr_tail (`daemonctl logs NAME`)
 
@@ -257,10 +261,12 @@ class HttpUpstream(Upstream):
         headers = {**self._headers(head.method), "content-type": _MIME_JSON}
         sent_session = headers.get("mcp-session-id")
         last: dict[str, Any] = {}  # the response stream's last event id, as it is read
+        ended = False  # the server ended the response normally (not broken, not cancelled)
         try:
             with scope:
                 async with client.stream("POST", url, content=body, headers=headers) as resp:
                     await self._answer(resp, uid, sent_session, last)
+                ended = True
         except NeedsLogin as exc:
             self._login_needed(uid, exc)
         except Exception as exc:  # any failure of the connection or stream ends it
@@ -269,6 +275,10 @@ class HttpUpstream(Upstream):
         finally:
             if uid is not None and self._post_scopes.get(uid) is scope:
                 del self._post_scopes[uid]
+        if ended and uid is not None and uid in self._pending and "id" in last:
+            # SEP-1699 polling: the server numbered the stream (a priming event) and ended it
+            # on purpose; the answer comes on a GET resumed from the last event, after `retry`.
+            await self._resume(client, uid, last, wait=retry_seconds(last))
         if (
             uid is not None
             and uid in self._pending
@@ -277,28 +287,44 @@ class HttpUpstream(Upstream):
         ):
             self._fail_one(uid, "ended the response stream without answering")
 
-    async def _resume(self, client: httpx2.AsyncClient, uid: int, last: dict[str, Any]) -> bool:
-        """A request's response stream broke before its answer: when the server numbered the
+    async def _resume(
+        self, client: httpx2.AsyncClient, uid: int, last: dict[str, Any], *, wait: float = 0.0
+    ) -> bool:
+        """A request's response stream ended before its answer: when the server numbered the
         stream's events (it supports resuming), GET it again from the last one we saw
-        (Last-Event-ID) and read on. True when the request is settled (answered, or cancelled
-        meanwhile); False when the stream cannot be resumed (the connection is then dropped)."""
-        for attempt in range(RESUME_ATTEMPTS):
+        (Last-Event-ID) and read on, after `wait` seconds. A stream that breaks is resumed at
+        most RESUME_ATTEMPTS times in a row; one the server ends on purpose (polling) is
+        resumed again after its `retry`, as long as the request is pending (its time limit
+        bounds that). True when the request is settled (answered, or cancelled meanwhile);
+        False when the stream cannot be resumed."""
+        failures = 0
+        while failures < RESUME_ATTEMPTS:
             if uid not in self._pending:
                 return True
             if self.identity.kind != "http" or "id" not in last or not self.alive:
                 return False
-            self._note(f"resuming the response stream of request {uid} after event {last['id']}")
-            headers = {**self._headers(), "accept": _MIME_SSE, "last-event-id": str(last["id"])}
             scope = self._post_scopes[uid] = trio.CancelScope()  # forget() cancels it
             try:
                 with scope:
+                    if wait > 0:
+                        await trio.sleep(wait)
+                    self._note(
+                        f"resuming the response stream of request {uid} after event {last['id']}"
+                    )
+                    headers = {
+                        **self._headers(),
+                        "accept": _MIME_SSE,
+                        "last-event-id": str(last["id"]),
+                    }
                     async with client.stream("GET", self.url, headers=headers) as resp:
                         ctype = resp.headers.get("content-type", "").partition(";")[0].strip()
                         if resp.status_code != 200 or ctype.lower() != _MIME_SSE:
                             return False
-                        await self._read_events(resp, related=uid, last=last)
+                        await self._read_events(resp, related=uid, last=last, until_answered=True)
+                wait = retry_seconds(last)  # ended on purpose: poll again after its retry
             except Exception:  # a resumed stream can break too: resume again from its last id
-                await trio.sleep(RESUME_RETRY * (attempt + 1))
+                failures += 1
+                wait = RESUME_RETRY * failures
             finally:
                 if self._post_scopes.get(uid) is scope:
                     del self._post_scopes[uid]
@@ -327,7 +353,11 @@ class HttpUpstream(Upstream):
                     f"no longer knows our session (HTTP {status}): reconnecting with a new one"
                 )
                 return
-            if uid is not None:
+            if status == 401:
+                # Not authorized (today no OAuth flow runs here): say so, with the challenge.
+                self._note(f"refused: {status_text(resp)}")
+                self._fail_one(uid, f"answered {self.identity.redact(status_text(resp))}")
+            elif uid is not None:
                 self._fail_from_body(uid, status, raw)
             return
         if uid is None or status == 202:
@@ -344,10 +374,16 @@ class HttpUpstream(Upstream):
             self._fail_one(uid, f"answered with content type {ctype or 'none'}")
 
     async def _read_events(
-        self, resp: httpx2.Response, *, related: int | None, last: dict[str, Any] | None = None
+        self,
+        resp: httpx2.Response,
+        *,
+        related: int | None,
+        last: dict[str, Any] | None = None,
+        until_answered: bool = False,
     ) -> dict[str, Any]:
         """Dispatch a response stream's messages; returns its last event id and retry (kept
-        in `last` as they arrive, so they survive a stream that breaks)."""
+        in `last` as they arrive, so they survive a stream that breaks). `until_answered`: stop
+        reading once the `related` request is answered (a resumed GET stream may stay open)."""
         last = {} if last is None else last
         source = _httpx().EventSource(resp, max_event_size=self._max_line)
         async for sse in source:
@@ -357,6 +393,8 @@ class HttpUpstream(Upstream):
                 last["retry"] = sse.retry
             if sse.event in ("message", "") and sse.data:
                 self._dispatch_related(sse.data.encode(), related)
+                if until_answered and related not in self._pending:
+                    break
         return last
 
     def _dispatch_related(self, data: bytes, related: int | None) -> None:
@@ -421,8 +459,8 @@ class HttpUpstream(Upstream):
                 if resp.status_code != 200:
                     raise UpstreamUnavailable(
                         self.name,
-                        f"server '{self.name}' answered the SSE request with HTTP "
-                        f"{resp.status_code}",
+                        f"server '{self.name}' answered the SSE request with "
+                        f"{self.identity.redact(status_text(resp))}",
                         url=redact_url(self.url),
                     )
                 async for sse in _httpx().EventSource(resp, max_event_size=self._max_line):
@@ -488,6 +526,7 @@ class HttpUpstream(Upstream):
         cb = self._pending.pop(uid, None)
         if cb is None:
             return
+        self._check_settled()
         err = UpstreamUnavailable(self.name, f"server '{self.name}' {what}", **self._details())
         cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(err.to_error_object()))))
 
@@ -500,6 +539,7 @@ class HttpUpstream(Upstream):
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict) and isinstance(error.get("code"), int):
             cb = self._pending.pop(uid, None)
+            self._check_settled()
             if cb is not None:
                 cb(Message(jsonrpc="2.0", id=uid, error=Raw(msgspec.json.encode(error))))
             return
@@ -515,6 +555,25 @@ class HttpUpstream(Upstream):
 
     def _tail(self) -> list[str]:
         return list(self.stderr_tail)[-5:]
+
+
+def retry_seconds(last: dict[str, Any]) -> float:
+    """How long to wait before resuming a stream: the server's last `retry`, else GET_RETRY."""
+    retry = last.get("retry")
+    if isinstance(retry, int) and retry >= 0:
+        return min(retry / 1000.0, MAX_RETRY)
+    return GET_RETRY
+
+
+def status_text(resp: httpx2.Response) -> str:
+    """An HTTP error status as a user needs it: a 401 names the server's challenge."""
+    text = f"HTTP {resp.status_code}"
+    if resp.status_code == 401:
+        challenge = resp.headers.get("www-authenticate")
+        text += " Unauthorized"
+        if challenge:
+            text += f" (WWW-Authenticate: {printable(challenge[:MAX_CHALLENGE])})"
+    return text
 
 
 async def _read_capped(resp: httpx2.Response, limit: int) -> bytes:

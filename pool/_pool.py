@@ -64,7 +64,10 @@ CRASH_LOOP_WINDOW = 120.0
 # attaches to it: rare enough that a server that is still broken costs one spawn per cooldown.
 CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
-ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+ENTRY_CLOSE_BOUND = 10.0
+# A drained entry waits for its requests in flight at most their time limit plus this: the
+# connection's own timer answers each by then; the slack only covers that timer's wake-up.
+IN_FLIGHT_SLACK = 1.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 
 
 class PoolOptions(msgspec.Struct, kw_only=True):
@@ -142,6 +145,8 @@ class Pool:
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
+        # Every connection that exists, started or still starting: what `kill_all` reaches.
+        self._connections: dict[PoolEntry, Upstream] = {}
 
     @property
     def options(self) -> PoolOptions:
@@ -381,11 +386,12 @@ class Pool:
                 entry.upstream.request_close("restart requested")
 
     def kill_all(self) -> None:
-        """Past the shutdown bound: SIGKILL every upstream process group now."""
-        for entry in self._entries.values():
-            if entry.upstream is not None and entry.upstream.pid is not None:
+        """Past the shutdown bound: SIGKILL every upstream process group now, those still
+        starting (spawned, handshake or discovery not done) included (L5)."""
+        for upstream in list(self._connections.values()):
+            if upstream.pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(entry.upstream.pid, signal.SIGKILL)
+                    os.killpg(upstream.pid, signal.SIGKILL)
 
     async def aclose(self) -> None:
         """Close every entry (L4 each), bounded."""
@@ -432,6 +438,20 @@ class Pool:
                 await moved.wait()
                 continue
             if entry.leases == 0 or entry.closing:
+                upstream = entry.upstream
+                if upstream is not None and upstream.in_flight and not entry.closing:
+                    # L7: requests in flight end first (each within its time limit); a session
+                    # leasing the entry meanwhile keeps it (the loop looks again).
+                    self.log(
+                        "info",
+                        f"server '{entry.name}': drained; closing once its "
+                        f"{upstream.in_flight} request(s) in flight end",
+                        server=entry.name,
+                    )
+                    with trio.move_on_after(upstream.request_timeout + IN_FLIGHT_SLACK):
+                        await upstream.wait_settled()
+                    if entry.leases and not entry.closing:
+                        continue
                 self._close_entry(entry, "drained")
                 return
             entry.move_deadline(math.inf)
@@ -506,6 +526,7 @@ class Pool:
             roots=tuple(entry.settings.roots) or entry.identity.roots,
         )
         events.upstream = upstream
+        self._connections[entry] = upstream
         upstream.known_era = entry.era
         upstream.request_timeout = self._request_timeout(entry)
         failure: str | None = None
@@ -529,6 +550,8 @@ class Pool:
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
+                for note in snapshot.notes:
+                    self.log("warning", f"server '{entry.name}': {note}", server=entry.name)
                 entry.publish(snapshot)
                 entry.ready.set()
                 self._remember(entry, upstream, snapshot)
@@ -542,6 +565,8 @@ class Pool:
         finally:
             entry.starting = None
             entry.upstream = None
+            if self._connections.get(entry) is upstream:
+                del self._connections[entry]
             entry.stderr_history = list(upstream.stderr_tail)
         if failure is None and upstream.closed_reason not in (
             None,
@@ -589,10 +614,61 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# The field every listed item must have as a string, per list; an item without it is unusable.
+_ITEM_KEYS = {
+    "tools": "name",
+    "prompts": "name",
+    "resources": "uri",
+    "resourceTemplates": "uriTemplate",
+}
+MAX_NOTED_ITEMS = 5  # malformed items described one by one in a note; the rest are counted
+
+
+def malformed_item(field: str, item: Any) -> str | None:
+    """Why a listed item cannot be used (pure), or None when it can."""
+    if not isinstance(item, dict):
+        return f"a non-object item ({_json_type(item)})"
+    key = _ITEM_KEYS.get(field)
+    if key is None or isinstance(item.get(key), str):
+        return None
+    if key not in item:
+        return f"an item with no {key}"
+    return f"an item whose {key} is {_json_type(item[key])}, not a string"
+
+
+def malformed_note(method: str, problems: list[str]) -> str:
+    """One line for what a list left out: `tools/list: 2 malformed items left out: ...`."""
+    shown = "; ".join(problems[:MAX_NOTED_ITEMS])
+    more = (
+        f"; and {len(problems) - MAX_NOTED_ITEMS} more" if len(problems) > MAX_NOTED_ITEMS else ""
+    )
+    count = f"{len(problems)} malformed item{'s' if len(problems) != 1 else ''}"
+    return f"{method}: {count} left out: {shown}{more}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 async def list_all(
-    upstream: Upstream, method: str, field: str, timeout: float
+    upstream: Upstream,
+    method: str,
+    field: str,
+    timeout: float,
+    notes: list[str] | None = None,
 ) -> tuple[dict[str, Any], ...]:
+    """Every page of a list. Malformed items are left out, and said so in `notes` (one line
+    for this list), never silently."""
     items: list[dict[str, Any]] = []
+    problems: list[str] = []
     cursor: str | None = None
     for _ in range(MAX_LIST_PAGES):
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
@@ -600,13 +676,20 @@ async def list_all(
         if isinstance(result, dict):
             page = result.get(field)
             if isinstance(page, list):
-                items.extend(i for i in page if isinstance(i, dict))
+                for item in page:
+                    why = malformed_item(field, item)
+                    if why is None:
+                        items.append(item)
+                    else:
+                        problems.append(f"item {len(items) + len(problems) + 1}: {why}")
             nxt = result.get("nextCursor")
             cursor = nxt if isinstance(nxt, str) and nxt else None
         else:
             cursor = None
         if cursor is None:
             break
+    if problems and notes is not None:
+        notes.append(malformed_note(method, problems))
     return tuple(items)
 
 
@@ -614,15 +697,16 @@ async def discover(upstream: Upstream, generation: int, timeout: float) -> Snaps
     caps = upstream.server_capabilities
     empty: tuple[dict[str, Any], ...] = ()
     tools = prompts = resources = templates = empty
+    notes: list[str] = []
     if "tools" in caps:
-        tools = await list_all(upstream, "tools/list", "tools", timeout)
+        tools = await list_all(upstream, "tools/list", "tools", timeout, notes)
     if "prompts" in caps:
-        prompts = await list_all(upstream, "prompts/list", "prompts", timeout)
+        prompts = await list_all(upstream, "prompts/list", "prompts", timeout, notes)
     if "resources" in caps:
-        resources = await list_all(upstream, "resources/list", "resources", timeout)
+        resources = await list_all(upstream, "resources/list", "resources", timeout, notes)
         try:
             templates = await list_all(
-                upstream, "resources/templates/list", "resourceTemplates", timeout
+                upstream, "resources/templates/list", "resourceTemplates", timeout, notes
             )
         except McpoolError:
             templates = empty  # optional: some servers list resources but not templates
@@ -635,7 +719,29 @@ async def discover(upstream: Upstream, generation: int, timeout: float) -> Snaps
         resource_templates=templates,
         instructions=upstream.instructions,
         capabilities=caps,
+        notes=tuple(notes),
     )
+
+
+_NOBODY: Any = object()  # `log_owner`: the message belongs to a session that is gone
+
+
+def log_owner(handles: list[Handle], *, related: Handle | None, stdio: bool) -> Any:
+    """Whose log message this is (issue 15, point 2): the handle it goes to alone; `_NOBODY`
+    when it belongs to a session no longer here (dropped); None when it is unattributable and
+    fans out to every session (each filters by the level it asked for).
+
+    HTTP: a message on the response stream of a session's request is that session's
+    (`related`); one on the stream of a request that is no longer a session's (released, or
+    one of mcpool's own) or on the GET stream is unattributable. stdio: a message sent while
+    exactly one session has requests in flight is that session's.
+    """
+    if related is not None:
+        return related if any(h is related for h in handles) else _NOBODY
+    if not stdio:
+        return None
+    busy = [h for h in handles if h.in_flight > 0]
+    return busy[0] if len(busy) == 1 else None
 
 
 _LIST_CHANGED = {
@@ -679,7 +785,18 @@ class _EntryEvents:
         if spec is not None:
             self._schedule_relist(*spec)
             return
-        for handle in list(entry.handles.values()):
+        handles = list(entry.handles.values())
+        if method == "notifications/message":
+            owner = log_owner(
+                handles,
+                related=getattr(self.upstream, "related_handle", None),
+                stdio=entry.identity.kind == "stdio",
+            )
+            if owner is not None:
+                if owner is not _NOBODY:
+                    owner.listener.upstream_notification(entry, method, params)
+                return
+        for handle in handles:
             handle.listener.upstream_notification(entry, method, params)
 
     def on_server_request(self, upstream: Upstream, msg: Message) -> None:
@@ -745,13 +862,18 @@ class _EntryEvents:
         try:
             while True:
                 self._relisting[kind] = False
+                notes: list[str] = []
                 try:
-                    items = await list_all(upstream, method, field, timeout)
+                    items = await list_all(upstream, method, field, timeout, notes)
                     templates = None
                     if kind == "resources":
                         try:
                             templates = await list_all(
-                                upstream, "resources/templates/list", "resourceTemplates", timeout
+                                upstream,
+                                "resources/templates/list",
+                                "resourceTemplates",
+                                timeout,
+                                notes,
                             )
                         except McpoolError:
                             templates = None
@@ -760,9 +882,17 @@ class _EntryEvents:
                 if self.entry.upstream is not upstream:
                     return
                 snap = self.entry.snapshot
-                changes: dict[str, Any] = {field: items}
+                # This list's notes replace its old ones; the other lists' stay.
+                relisted = (
+                    (method, "resources/templates/list") if kind == "resources" else (method,)
+                )
+                kept = [n for n in snap.notes if not n.startswith(tuple(f"{m}:" for m in relisted))]
+                changes: dict[str, Any] = {field: items, "notes": (*kept, *notes)}
                 if templates is not None:
                     changes["resource_templates"] = templates
+                for note in notes:
+                    if note not in snap.notes:
+                        self.pool.log("warning", f"server '{self.entry.name}': {note}")
                 fresh = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
                 self.entry.publish(fresh)
                 self.pool._remember(self.entry, upstream, fresh)

@@ -49,6 +49,9 @@ from mcpool.protocol import (
     INTERNAL_ERROR,
     LATEST_HANDSHAKE,
     MODERN_VERSION,
+    UPSTREAM_CLOSED,
+    UPSTREAM_TIMEOUT,
+    UPSTREAM_UNAVAILABLE,
     LineFramer,
     McpoolError,
     Message,
@@ -164,6 +167,7 @@ class Upstream:
         self._roots = roots
         self._next_id = 1
         self._pending: dict[int, ReplyCallback] = {}
+        self._settled = trio.Event()  # set whenever `_pending` runs empty (`wait_settled`)
         # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
         # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
         # (deadline, id, method, limit) instead of a task or a cancel scope per request.
@@ -256,6 +260,7 @@ class Upstream:
             self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
             err = UpstreamTimeout(self.name, reason, message=reason, method=method, timeout=limit)
             cb(Message(jsonrpc="2.0", id=uid, error=Raw(_encoder.encode(err.to_error_object()))))
+        self._check_settled()
         return heap[0][0] if heap else math.inf
 
     async def _expire_requests(self) -> None:
@@ -311,7 +316,9 @@ class Upstream:
 
     def forget(self, uid: int) -> bool:
         """Drop a pending request (cancelled downstream): its late response is discarded (P2)."""
-        return self._pending.pop(uid, None) is not None
+        dropped = self._pending.pop(uid, None) is not None
+        self._check_settled()
+        return dropped
 
     def cancel(self, uid: int, reason: str) -> None:
         if self.forget(uid):
@@ -338,6 +345,18 @@ class Upstream:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    async def wait_settled(self) -> None:
+        """Return once no request is in flight (L7: a drained entry closes after its calls;
+        each request is bounded by its time limit, so this wait is too)."""
+        while self._pending and not self._exited.is_set():
+            if self._settled.is_set():
+                self._settled = trio.Event()
+            await self._settled.wait()
+
+    def _check_settled(self) -> None:
+        if not self._pending:
+            self._settled.set()
 
     async def call(
         self, method: str, params: Any = UNSET, *, timeout: float, cancellable: bool = True
@@ -381,6 +400,11 @@ class Upstream:
         msg = box[0]
         if msg.error is not UNSET:
             err = _result_decoder.decode(msg.error)
+            own = _own_reason(err)
+            if own is not None:
+                # Synthesized here (the connection failed the request): its reason says what
+                # happened ("answered HTTP 401 ..."), where its message is only the family.
+                raise McpoolError(own, message=str(err["message"]), code=err["code"], method=method)
             text = err.get("message") if isinstance(err, dict) else err
             raise McpoolError(
                 f"server '{self.name}' answered {method} with an error: {text}",
@@ -573,6 +597,8 @@ class Upstream:
                         cb = self._pending.pop(msg.id, None)
                         if cb is not None:
                             cb(msg)
+                            if not self._pending:
+                                self._settled.set()
                 elif msg.id is UNSET:
                     self._events.on_notification(msg.method, msg.params)
                 elif msg.method == "ping":
@@ -596,6 +622,7 @@ class Upstream:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
+        self._settled.set()
         err = UpstreamClosed(
             self.name,
             f"server '{self.name}' {self.closed_reason or 'closed'} "
@@ -808,6 +835,18 @@ class StdioUpstream(Upstream):
                 await proc.wait()
         self.exit_status = proc.returncode
         self._exited.set()
+
+
+_OWN_CODES = frozenset({UPSTREAM_UNAVAILABLE, UPSTREAM_CLOSED, UPSTREAM_TIMEOUT})
+
+
+def _own_reason(err: Any) -> str | None:
+    """The reason of an error this connection synthesized (mcpool's codes), else None."""
+    if not isinstance(err, dict) or err.get("code") not in _OWN_CODES:
+        return None
+    data = err.get("data")
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return reason if isinstance(reason, str) and isinstance(err.get("message"), str) else None
 
 
 def _client_info() -> dict[str, Any]:

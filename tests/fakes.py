@@ -125,6 +125,8 @@ class FakeUpstream:
         self.cancelled: list[tuple[int, str]] = []
         self.notifications: list[tuple[str, Any]] = []
         self._pending: dict[int, Callable[[Message], None]] = {}
+        self._settled = trio.Event()
+        self.request_timeout = 600.0
         self._ids = itertools.count(1)
         self._running = False
         self._close = trio.Event()
@@ -136,6 +138,11 @@ class FakeUpstream:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    async def wait_settled(self) -> None:
+        while self._pending and self._running:
+            self._settled = trio.Event()
+            await self._settled.wait()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         server = self.server
@@ -157,6 +164,7 @@ class FakeUpstream:
         finally:
             self._running = False
             pending, self._pending = self._pending, {}
+            self._settled.set()
             for uid, reply in pending.items():
                 reply(_error(uid, f"server '{self.name}' closed"))
 
@@ -197,6 +205,8 @@ class FakeUpstream:
         self._pending.pop(uid)(
             Message(jsonrpc="2.0", id=uid, result=Raw(msgspec.json.encode(result)))
         )
+        if not self._pending:
+            self._settled.set()
 
     def send_notification(self, method: str, params: Any = UNSET) -> None:
         self.notifications.append((method, params))

@@ -224,9 +224,12 @@ async def test_log_levels_are_per_session_on_a_shared_upstream(daemon_factory):
             await sc.set_logging_level("debug")
         await sq.call_tool("fake__log", {"level": "info", "message": "routine"})
         await sq.call_tool("fake__log", {"level": "error", "message": "bad"})
+        await sc.call_tool("fake__log", {"level": "info", "message": "chatty's"})
         with trio.fail_after(WAIT):
-            await wait_until(lambda: len(chatty.logs) == 2 and len(quiet.logs) == 1)
+            await wait_until(lambda: len(chatty.logs) == 1 and len(quiet.logs) == 1)
+        # Each call's messages are its session's (issue 15), filtered by its own level.
         assert quiet.logs[0].data == "bad"
+        assert chatty.logs[0].data == "chatty's"
         lines = (await d.ctl("logs", "fake"))["lines"]
         # The shared upstream logs at the most verbose level asked for, set once per change.
         assert [ln for ln in lines if "setLevel" in ln] == [

@@ -24,6 +24,7 @@ from mcpool.pool import (
     backoff_delay,
     identity_of,
 )
+from mcpool.pool._pool import IN_FLIGHT_SLACK
 
 GRACE = 30.0
 MAX_IDLE = 300.0
@@ -589,3 +590,65 @@ async def test_a_replaced_release_during_start_up_stops_the_start(
     pool.release(handle, replaced=True)
     await handle.entry.closed.wait()
     assert server.starts == 1 and server.current.pid is None  # never got to run
+
+
+# -- L7 ------------------------------------------------------------------------------------------
+
+
+def _ignore_reply(msg: object) -> None:
+    pass
+
+
+async def test_a_drained_entry_with_a_request_in_flight_closes_when_it_is_answered(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    upstream = server.current
+    uid = upstream.send_request("tools/call", b'{"name":"slow"}', _ignore_reply)
+    handle.in_flight += 1  # what the session's forwarded call counts on its handle
+    released_at = trio.current_time()
+    pool.release(handle, replaced=True)  # a transport change: the call keeps running
+    await trio.sleep(GRACE * 3)
+    assert not entry.closed.is_set() and upstream.alive  # the grace passed; the call goes on
+    answered_at = trio.current_time()
+    upstream.reply(uid, {"content": []})
+    await entry.closed.wait()
+    assert trio.current_time() == answered_at > released_at + GRACE
+    assert upstream.closed_reason == "drained"
+
+
+async def test_a_drained_entry_waits_for_its_requests_at_most_their_time_limit(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    upstream = server.current
+    upstream.request_timeout = 100.0
+    upstream.send_request("tools/call", b'{"name":"hung"}', _ignore_reply)
+    released_at = trio.current_time()
+    pool.release(handle)
+    await entry.closed.wait()
+    assert trio.current_time() == released_at + GRACE + 100.0 + IN_FLIGHT_SLACK
+
+
+async def test_a_lease_while_waiting_for_requests_in_flight_keeps_the_entry(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer()
+    pool = new_pool(nursery, FakeNet(srv=server))
+    handle = await acquire(pool)
+    entry = handle.entry
+    upstream = server.current
+    uid = upstream.send_request("tools/call", b'{"name":"slow"}', _ignore_reply)
+    pool.release(handle)
+    await trio.sleep(GRACE + 1)
+    again = await acquire(pool)
+    assert again.entry is entry
+    upstream.reply(uid, {"content": []})
+    await trio.sleep(GRACE * 3)
+    assert not entry.closed.is_set() and entry.state is EntryState.ACTIVE
