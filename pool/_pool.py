@@ -62,6 +62,11 @@ CRASH_LOOP_WINDOW = 120.0
 CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+# L6: a session's first list waits at most this for its servers' first start, then is served what
+# is ready (late servers arrive by list_changed). Codex gives up on a server after about 1 s.
+DEFAULT_STARTUP_BUDGET = 1.5
+# Last discoveries kept in memory (for `"start": "lazy"`): one per identity a user ran recently.
+KNOWN_SNAPSHOTS = 256
 
 
 class PoolOptions(msgspec.Struct, kw_only=True):
@@ -75,6 +80,7 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN
     # Bounds each request to an upstream whose entry sets no `timeout` of its own.
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    startup_budget: float = DEFAULT_STARTUP_BUDGET
 
 
 class RefreshRejected(McpoolError):
@@ -132,6 +138,8 @@ class Pool:
         self._closing = False
         self.log: Callable[..., None] = log or (lambda *_a, **_k: None)
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
+        # Each identity's last discovery, surviving its entry (insertion order: oldest first).
+        self._known: dict[EntryKey, Snapshot] = {}
 
     @property
     def options(self) -> PoolOptions:
@@ -160,6 +168,20 @@ class Pool:
     def get(self, key: EntryKey) -> PoolEntry | None:
         return self._entries.get(key)
 
+    # -- last known discoveries (L6) -----------------------------------------------------------
+
+    def last_snapshot(self, entry: PoolEntry) -> Snapshot | None:
+        """The one place an entry's last known discovery comes from before its process runs."""
+        return self._known.get(entry.key)
+
+    def _remember(self, entry: PoolEntry, snapshot: Snapshot) -> None:
+        if not snapshot.available:
+            return
+        self._known.pop(entry.key, None)
+        self._known[entry.key] = snapshot
+        while len(self._known) > KNOWN_SNAPSHOTS:
+            del self._known[next(iter(self._known))]
+
     # -- leases --------------------------------------------------------------------------------
 
     def lease(
@@ -181,6 +203,14 @@ class Pool:
         entry = self._entries.get(key)
         if entry is None or entry.state in TERMINAL_STATES or entry.closing:
             entry = PoolEntry(key, identity, capture_settings(settings))
+            entry.startup_deadline = trio.current_time() + self.options.startup_budget
+            known = self.last_snapshot(entry) if entry.settings.start == "lazy" else None
+            if known is not None:
+                # Served from what it offered last time; started when a request needs it.
+                entry.state = EntryState.STANDBY
+                entry.snapshot = msgspec.structs.replace(known, generation=1)
+                self._remember(entry, entry.snapshot)
+                entry.ready.set()
             self._entries[key] = entry
             self._nursery.start_soon(self._supervise, entry)
         elif entry.state is EntryState.CRASH_LOOP and attach_retry_due(
@@ -192,6 +222,7 @@ class Pool:
                 "info", f"server '{entry.name}': retrying after crash-loop (a session attached)"
             )
             entry.ready = trio.Event()
+            entry.startup_deadline = trio.current_time() + self.options.startup_budget
             entry.restart_requested.set()
         handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
@@ -316,6 +347,7 @@ class Pool:
         entry.close_reason = reason
         entry.move_deadline(-math.inf)
         entry.restart_requested.set()
+        entry.wake_requested.set()
         if entry.upstream is not None:
             entry.upstream.request_close(reason)
         if entry.starting is not None:
@@ -335,6 +367,7 @@ class Pool:
             if self._entries.get(entry.key) is entry:
                 del self._entries[entry.key]
             entry.ready.set()
+            entry.settle_waiters(f"server '{entry.name}' closed ({entry.close_reason or 'closed'})")
             entry.closed.set()
             if entry.snapshot.available:
                 entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
@@ -351,6 +384,11 @@ class Pool:
             entry.move_deadline(math.inf)
 
     async def _connection_loop(self, entry: PoolEntry) -> None:
+        if entry.state is EntryState.STANDBY:
+            await entry.wake_requested.wait()  # a request needs the process (or it closes)
+            if entry.closing:
+                return
+            entry.fire(EntryEvent.WAKE)
         while not entry.closing:
             entry.restart_requested = trio.Event()
             error = await self._run_once(entry)
@@ -369,7 +407,15 @@ class Pool:
             entry.failures.append(now)
             entry.failures = [t for t in entry.failures if now - t <= window]
             entry.last_error = error or "exited"
+            started = entry.up_since is not None
+            self.log(
+                "warning",
+                f"server '{entry.name}' {'stopped' if started else 'failed to start'}: "
+                f"{entry.last_error}",
+                server=entry.name,
+            )
             entry.ready.set()
+            entry.settle_waiters(f"server '{entry.name}' failed to start: {entry.last_error}")
             # A remote server that is down is waited for (at the backoff cap); a local one that
             # keeps dying rests for the cooldown (or until a session attaches, a restart or a
             # settings change), and one that fails again after a retry goes straight back.
@@ -439,7 +485,9 @@ class Pool:
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
                 entry.publish(snapshot)
+                self._remember(entry, snapshot)
                 entry.ready.set()
+                entry.settle_waiters(None)
                 events.started(nursery)
         except Exception as exc:
             if _contains(exc, trio.TooSlowError):
@@ -665,9 +713,9 @@ class _EntryEvents:
                 changes: dict[str, Any] = {field: items}
                 if templates is not None:
                     changes["resource_templates"] = templates
-                self.entry.publish(
-                    msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
-                )
+                fresh = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
+                self.entry.publish(fresh)
+                self.pool._remember(self.entry, fresh)
                 if not self._relisting.get(kind):
                     return
         finally:

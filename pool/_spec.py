@@ -3,9 +3,9 @@
 A `ServerSettings` is one `mcpServers` entry as the user wrote it. The *transport identity* is the
 canonical form of the fields that decide which process (or remote endpoint) serves it; policy
 fields (trust, includeTools, excludeTools, alwaysLoadTools) and cosmetic ones (description,
-disabled) are deliberately not part of it, so sessions with different policies share one
-upstream. Identities are built once and captured by whoever holds them (I2): they are frozen
-tuples, never views onto the caller's mutable settings object.
+disabled) and the start policy (`start`) are deliberately not part of it, so sessions with
+different policies share one upstream. Identities are built once and captured by whoever holds
+them (I2): they are frozen tuples, never views onto the caller's mutable settings object.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from mcpool.protocol import SettingsError
 
 TransportKind = Literal["stdio", "http", "sse"]
 Scope = Literal["shared", "workspace", "session"]
+# When the process runs (L6): a policy, never part of the transport identity (I1).
+StartPolicy = Literal["eager", "lazy", "always"]
 
 FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
 
@@ -52,6 +54,7 @@ class ServerSettings(
     scope: Scope = "shared"
     prefix: bool = True
     roots: list[str] = msgspec.field(default_factory=list)
+    start: StartPolicy = "eager"
 
 
 def capture_settings(s: ServerSettings) -> ServerSettings:

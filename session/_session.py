@@ -7,12 +7,16 @@ envelope, look the exposed name up in the one captured `RegistryGeneration`, rew
 progress token, and write to the upstream's pipe — no task switch (S2: a request never mixes
 two generations).
 
-Until its first generation exists the session keeps the client's messages in a backlog (a
-client's initialize and tools/list must see its servers, not an empty list followed by a
-notification). Registry changes after that are published by one reference swap, compared
-canonically per list kind, and announced by the notifier task: only changed kinds, never for
-the first generation, only after `notifications/initialized`, coalesced while the socket has
-unsent data (S5).
+`initialize` (and ping) is answered at once: it needs no upstream (L6). Until its first
+generation exists the session keeps the client's other messages in a backlog, so its first
+tools/list sees its servers rather than an empty list; that first generation is built once every
+new server is up or its entry's startup budget is spent (`Pool` `startupBudget`), whichever comes
+first. A late server then arrives like any other change: registry changes are published by one
+reference swap, compared canonically per list kind, and announced by the notifier task: only
+changed kinds, never for the first generation, only after `notifications/initialized`, coalesced
+while the socket has unsent data (S5). A call, read or get routed to a server that is not up yet
+(standby, or its first start still running) waits for that start (bounded by the start's own
+timeout), parked on the entry; it is answered with an error naming the server if the start fails.
 
 Both protocol eras are served on the same socket (DESIGN P1, `_eras`): a session's first
 request decides its era. A 2026-07-28 session has no handshake; every request carries its
@@ -288,6 +292,7 @@ class Session:
         "_log",
         "_notify_wake",
         "_notifying",
+        "_parked",
         "_reconciling",
         "_relay_ids",
         "_signature",
@@ -383,6 +388,8 @@ class Session:
         # While a batch member is being handled: the batch its synchronous answer joins.
         self._batch: Batch | None = None
         self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
+        # Requests waiting for their server's first start: client id -> (waiter, batch).
+        self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = {}
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -439,8 +446,18 @@ class Session:
                     new_views[d.name] = view
                     replay = True
             self.views = {name: new_views[name] for name in desired if name in new_views}
+            # L6, S7: each new server is waited for within its entry's startup budget, never
+            # longer; one still starting is named in the log and arrives by list_changed.
             for handle in waiting:
-                await handle.entry.ready.wait()
+                with trio.move_on_at(handle.entry.startup_deadline):
+                    await handle.entry.ready.wait()
+            for handle in waiting:
+                if not handle.entry.ready.is_set() and not handle.released:
+                    self._log(
+                        f"session {self.id}: server '{handle.identity.name}' is still starting "
+                        f"({handle.entry.state.value}) after the startup budget; served without "
+                        "it, its items follow by list_changed"
+                    )
         finally:
             self._reconciling = False
         if self.closed or settings_generation < self.settings_generation:
@@ -638,6 +655,9 @@ class Session:
         self.inflight.clear()
         for listen_id in self.listens:
             answer(listen_id, None)
+        for client_id, (_waiter, batch) in self._parked.items():
+            answer(client_id, batch)
+        self._parked.clear()
         for msg, batch in self._backlog:
             if msg.is_request:
                 answer(msg.id, batch)
@@ -693,7 +713,7 @@ class Session:
                 ),
             )
             return
-        if not self.ready and msg.method != "ping":
+        if not self.ready and msg.method not in _AT_ONCE:
             self._backlog.append((msg, self._batch))
             return
         self._handle(msg)
@@ -776,6 +796,11 @@ class Session:
                 self._close_listen(rid)
                 return
             flight = self.inflight.get(rid)
+            if flight is None and rid in self._parked:
+                _waiter, batch = self._parked.pop(rid)
+                whole = batch.drop() if batch is not None else None
+                if whole is not None:
+                    self.send(whole)
             if flight is not None:
                 flight.upstream.cancel(flight.uid, c.reason or "cancelled by the client")
                 flight.finish()
@@ -1070,6 +1095,9 @@ class Session:
         entry = handle.entry
         upstream = entry.upstream
         if upstream is None or not upstream.alive:
+            if entry.starting_up:
+                self._park(msg, view, method, params, meta)
+                return
             raise UpstreamUnavailable(
                 view.name,
                 f"server '{view.name}' is not available ({entry.state.value})",
@@ -1099,6 +1127,50 @@ class Session:
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise
+
+    def _park(
+        self,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
+    ) -> None:
+        """Hold a request until its server's first start ends (L6; a standby entry starts)."""
+        client_id = msg.id
+        if client_id in self._parked:
+            raise InvalidRequest(
+                f"request id {client_id!r} is already used by a request in flight", id=client_id
+            )
+        batch = self._batch
+        handle = view.handle
+        assert handle is not None
+
+        def resume(error: str | None) -> None:
+            # Runs in the entry's supervisor task: fenced like every callback from there.
+            parked = self._parked.get(client_id)
+            if parked is None or parked[0] is not resume or self.closed:
+                return  # cancelled, or the session closed (and answered it)
+            del self._parked[client_id]
+            outer, self._batch = self._batch, batch
+            try:
+                if error is None and handle.released:
+                    error = f"server '{view.name}' was removed from the session while starting"
+                if error is not None:
+                    entry = handle.entry
+                    raise UpstreamUnavailable(
+                        view.name, error, state=entry.state.value, lastError=entry.last_error
+                    )
+                self._forward(msg, view, method, params, meta)
+            except McpoolError as exc:
+                self.send_error(client_id, exc)
+            except Exception as exc:
+                self._fault(f"a {method} waiting for server '{view.name}'", exc)
+            finally:
+                self._batch = outer
+
+        self._parked[client_id] = (resume, batch)
+        handle.entry.when_up(resume)
 
     # -- from upstreams ------------------------------------------------------------------------
 
@@ -1237,6 +1309,9 @@ _HANDLERS: dict[str, tuple[Callable[[Session, Message, dict[str, Any], Any], Non
     "completion/complete": (Session._complete, _params.Complete),
     "logging/setLevel": (Session._set_level, _params.SetLevel),
 }
+
+# Answered before the first generation exists: they need no upstream (L6).
+_AT_ONCE = frozenset({"initialize", "ping"})
 
 _session_ids = itertools.count(1)
 
