@@ -94,7 +94,9 @@ async def test_a_hung_server_holds_no_session_hostage_and_a_late_one_arrives_by_
     assert "'hung' is still starting" in log
 
 
-async def test_always_runs_before_any_session_and_survives_the_drain_grace(daemon_factory, tmp_path):
+async def test_always_runs_before_any_session_and_survives_the_drain_grace(
+    daemon_factory, tmp_path
+):
     spawn_log = tmp_path / "keep.spawns"
     d = await daemon_factory(
         {"keep": {**fake_server(FAKE_SPAWN_LOG=spawn_log), "start": "always"}},
@@ -146,3 +148,20 @@ async def test_lazy_lists_from_its_last_discovery_and_the_first_call_starts_it(
             result = await session.call_tool("lz__echo", {"text": "woken"})
         assert result.content[0].text == "woken"  # type: ignore[union-attr]
         assert spawns(spawn_log) == 2
+
+
+async def test_prewarm_starts_the_user_files_servers_before_any_session(daemon_factory, tmp_path):
+    spawn_log = tmp_path / "warm.spawns"
+    d = await daemon_factory(
+        {"warm": fake_server(FAKE_SPAWN_LOG=spawn_log)}, daemon={"prewarm": True}
+    )
+    with trio.fail_after(WAIT):
+        while True:
+            servers = {s["name"]: s for s in await d.ctl("servers")}
+            if servers.get("warm", {}).get("pid") is not None:
+                break
+            await trio.sleep(0.05)
+    assert (await d.ctl("status"))["sessions"] == 0
+    async with d.attach([d.config_path], "user") as session:
+        assert "warm__echo" in [t.name for t in (await session.list_tools()).tools]
+    assert spawns(spawn_log) == 1  # the session took the prewarmed process
