@@ -7,8 +7,10 @@ envelope, look the exposed name up in the one captured `RegistryGeneration`, rew
 progress token, and write to the upstream's pipe — no task switch (S2: a request never mixes
 two generations).
 
-`initialize` (and ping) is answered at once: it needs no upstream (L6). Until its first
-generation exists the session keeps the client's other messages in a backlog, so its first
+`initialize` is answered at once: it needs no upstream (L6), only the session's first
+reconciliation, which leases its servers without waiting for any (so its instructions are those
+of the servers already up). Until its first generation exists the session keeps the client's
+other messages (ping aside) in a backlog, so its first
 tools/list sees its servers rather than an empty list; that first generation is built once every
 new server is up or its entry's startup budget is spent (`Pool` `startupBudget`), whichever comes
 first. A late server then arrives like any other change: registry changes are published by one
@@ -296,6 +298,7 @@ class Session:
         "_reconciling",
         "_relay_ids",
         "_signature",
+        "_views_known",
         "attached_at",
         "client_capabilities",
         "client_info",
@@ -356,6 +359,8 @@ class Session:
         self.registry: RegistryGeneration = empty_generation()
         self._signature: tuple[Any, ...] = ()
         self.ready = False
+        # The first reconciliation has leased the servers (initialize may be answered).
+        self._views_known = False
         # Messages before the first generation, each with the batch it came in (if any).
         self._backlog: list[tuple[Message, Batch | None]] = []
         self.initialize_answered = False
@@ -446,6 +451,9 @@ class Session:
                     new_views[d.name] = view
                     replay = True
             self.views = {name: new_views[name] for name in desired if name in new_views}
+            if not self._views_known:
+                self._views_known = True
+                self._answer_initialize()
             # L6, S7: each new server is waited for within its entry's startup budget, never
             # longer; one still starting is named in the log and arrives by list_changed.
             for handle in waiting:
@@ -535,6 +543,21 @@ class Session:
             if self.spawn is not None and not self._notifying:
                 self._notifying = True
                 self.spawn(self._notify_pending)
+
+    def _answer_initialize(self) -> None:
+        """The servers are leased: an initialize waiting in the backlog is answered now, the
+        rest waits for the first generation."""
+        backlog, self._backlog = self._backlog, []
+        outer = self._batch
+        try:
+            for msg, batch in backlog:
+                if msg.method == "initialize":
+                    self._batch = batch
+                    self._handle(msg)
+                else:
+                    self._backlog.append((msg, batch))
+        finally:
+            self._batch = outer
 
     def _become_ready(self) -> None:
         self.ready = True
@@ -713,7 +736,9 @@ class Session:
                 ),
             )
             return
-        if not self.ready and msg.method not in _AT_ONCE:
+        if not self.ready and not (
+            msg.method == "ping" or (msg.method == "initialize" and self._views_known)
+        ):
             self._backlog.append((msg, self._batch))
             return
         self._handle(msg)
@@ -833,11 +858,22 @@ class Session:
             "capabilities": SERVER_CAPABILITIES,
             "serverInfo": {"name": "mcpool", "version": __version__},
         }
-        instructions = self.registry.instructions()
+        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
         if instructions:
             result["instructions"] = instructions
         self.reply(request_id(msg), response(request_id(msg), result))
         self.initialize_answered = True
+
+    def _instructions_so_far(self) -> str | None:
+        """Before the first generation (L6): the instructions of the servers already up, as
+        `RegistryGeneration.instructions` joins them (a late server's cannot follow: the
+        protocol has no notification for them)."""
+        parts = []
+        for view in self.views.values():
+            text = view.projection().instructions
+            if text:
+                parts.append(f"## {view.name}\n{text.strip()}")
+        return "\n\n".join(parts) if parts else None
 
     def _discover(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         """2026-07-28: the session's aggregated capabilities and instructions."""
@@ -1309,9 +1345,6 @@ _HANDLERS: dict[str, tuple[Callable[[Session, Message, dict[str, Any], Any], Non
     "completion/complete": (Session._complete, _params.Complete),
     "logging/setLevel": (Session._set_level, _params.SetLevel),
 }
-
-# Answered before the first generation exists: they need no upstream (L6).
-_AT_ONCE = frozenset({"initialize", "ping"})
 
 _session_ids = itertools.count(1)
 

@@ -122,6 +122,26 @@ async def test_initialize_at_once_fast_tools_within_the_budget_and_a_late_server
     assert out.notifications() == ["notifications/tools/list_changed"]
 
 
+async def test_initialize_carries_the_instructions_of_the_servers_already_up(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    hung = FakeServer([tool("h")], instructions="never shown")
+    hung.start_gate = trio.Event()
+    net = FakeNet(up=FakeServer([tool("a")], instructions="be brief"), hung=hung)
+    pool = make_pool(nursery, net, startup_budget=BUDGET)
+    other, _ = new_session(nursery, pool, "s0")
+    await other.apply_settings(wants({"up": stdio("up")}), 1)  # already running
+    session, out = new_session(nursery, pool)
+    t0 = trio.current_time()
+    send(session, INITIALIZE)
+    assert out.frames == []  # not before its servers are leased
+    nursery.start_soon(session.apply_settings, wants({"up": stdio("up"), "hung": stdio("hung")}), 1)
+    await settle()
+    init = await answer(out, "init")
+    assert trio.current_time() == t0
+    assert init["result"]["instructions"] == "## up\nbe brief"
+
+
 async def test_every_server_up_before_the_budget_answers_the_first_list_at_once(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
