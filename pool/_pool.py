@@ -65,7 +65,7 @@ ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pa
 # L6: a session's first list waits at most this for its servers' first start, then is served what
 # is ready (late servers arrive by list_changed). Codex gives up on a server after about 1 s.
 DEFAULT_STARTUP_BUDGET = 1.5
-# Last discoveries kept in memory (for `"start": "lazy"`): one per identity a user ran recently.
+# Last discoveries of lazy servers kept in memory: one per identity a user ran recently.
 KNOWN_SNAPSHOTS = 256
 
 
@@ -175,7 +175,9 @@ class Pool:
         return self._known.get(entry.key)
 
     def _remember(self, entry: PoolEntry, snapshot: Snapshot) -> None:
-        if not snapshot.available:
+        # Only lazy servers are served from memory before they run: a daemon churning through
+        # many eager identities keeps nothing for them.
+        if not snapshot.available or entry.settings.start != "lazy":
             return
         self._known.pop(entry.key, None)
         self._known[entry.key] = snapshot

@@ -283,6 +283,9 @@ def _offset(cursor: Any) -> int:
     return value
 
 
+_NO_PARKED: dict[Any, Any] = {}  # shared and never written: `_park` gives a session its own
+
+
 class Session:
     # Slots: a daemon holds one Session per attached window, many of them idle.
     __slots__ = (
@@ -393,8 +396,9 @@ class Session:
         # While a batch member is being handled: the batch its synchronous answer joins.
         self._batch: Batch | None = None
         self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
-        # Requests waiting for their server's first start: client id -> (waiter, batch).
-        self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = {}
+        # Requests waiting for their server's first start: client id -> (waiter, batch); a
+        # dict only once one waits (most sessions never have one).
+        self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = _NO_PARKED
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -680,7 +684,7 @@ class Session:
             answer(listen_id, None)
         for client_id, (_waiter, batch) in self._parked.items():
             answer(client_id, batch)
-        self._parked.clear()
+        self._parked = _NO_PARKED
         for msg, batch in self._backlog:
             if msg.is_request:
                 answer(msg.id, batch)
@@ -1205,6 +1209,8 @@ class Session:
             finally:
                 self._batch = outer
 
+        if self._parked is _NO_PARKED:
+            self._parked = {}
         self._parked[client_id] = (resume, batch)
         handle.entry.when_up(resume)
 

@@ -111,8 +111,11 @@ async def test_known_snapshots_are_bounded(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     pool = new_pool(nursery, FakeNet(), drain_grace=0.0)
+    eager = lease(pool, "eager")
+    await eager.entry.ready.wait()
+    assert pool._known == {}  # only lazy servers' lists are kept
     for i in range(KNOWN_SNAPSHOTS + 3):
-        handle = lease(pool, f"s{i}")
+        handle = lease(pool, f"s{i}", start="lazy")
         await handle.entry.ready.wait()
         pool.release(handle)
         await handle.entry.closed.wait()
