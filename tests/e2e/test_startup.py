@@ -12,7 +12,13 @@ from typing import Any
 
 import trio
 
-from e2e.harness import DaemonProcess, RawSocketClient, fake_server, write_settings
+from e2e.harness import (
+    DaemonProcess,
+    RawSocketClient,
+    fake_server,
+    run_daemonctl,
+    write_settings,
+)
 
 # Well under the never-answering server's 30 s start timeout: an initialize or first list that
 # waited for it would miss this.
@@ -83,6 +89,8 @@ async def test_a_hung_server_holds_no_session_hostage_and_a_late_one_arrives_by_
         servers = {s["name"]: s for s in await d.ctl("servers")}
         assert servers["hung"]["state"] == "spawning"
         assert servers["fast"]["state"] == "active"
+        table = (await run_daemonctl(d.sock, "status", env=d.env)).stdout.decode()
+        assert "SERVER NOT UP" in table and "hung" in table
 
         await next_notification(client, "notifications/tools/list_changed")
         later = tool_names(await client.request("tools/list"))
