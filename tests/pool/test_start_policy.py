@@ -6,12 +6,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, stdio, tool
 
+from mcpool.daemon._settings import parse_settings
 from mcpool.pool import EntryState, Handle, Pool, PoolEntry, PoolOptions, identity_of
 from mcpool.pool._pool import KNOWN_SNAPSHOTS
+from mcpool.protocol import SettingsError
 
 
 class Listener:
@@ -124,3 +127,21 @@ async def test_known_snapshots_are_bounded(
     assert first.entry.state is EntryState.SPAWNING  # the oldest was forgotten
     last = lease(pool, f"s{KNOWN_SNAPSHOTS + 2}", start="lazy")
     assert last.entry.state is EntryState.STANDBY
+
+
+def test_start_and_the_daemon_options_are_validated_naming_file_server_and_field() -> None:
+    doc = parse_settings(
+        b'{"mcpServers": {"x": {"command": "a", "start": "lazy"}},'
+        b' "daemon": {"startupBudget": 0.5, "prewarm": true}}',
+        "/c.json",
+    )
+    assert doc.mcp_servers["x"].start == "lazy"
+    assert doc.daemon is not None
+    assert (doc.daemon.startup_budget, doc.daemon.prewarm) == (0.5, True)
+    with pytest.raises(SettingsError) as bad:
+        parse_settings(b'{"mcpServers": {"x": {"command": "a", "start": "sometimes"}}}', "/c.json")
+    assert bad.value.data["server"] == "x"
+    assert bad.value.data["field"] == "start"
+    with pytest.raises(SettingsError) as negative:
+        parse_settings(b'{"daemon": {"startupBudget": -1}}', "/c.json")
+    assert negative.value.data["field"] == "daemon.startupBudget"
