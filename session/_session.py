@@ -10,13 +10,13 @@ two generations).
 `initialize` is answered at once: it needs no upstream (L6), only the session's first
 reconciliation, which leases its servers without waiting for any (so its instructions are those
 of the servers already up). Until its first generation exists the session keeps the client's
-other messages (ping aside) in a backlog, so its first
-tools/list sees its servers rather than an empty list; that first generation is built once every
-new server is up or its entry's startup budget is spent (`Pool` `startupBudget`), whichever comes
-first. A late server then arrives like any other change: registry changes are published by one
-reference swap, compared canonically per list kind, and announced by the notifier task: only
-changed kinds, never for the first generation, only after `notifications/initialized`, coalesced
-while the socket has unsent data (S5). A call, read or get routed to a server that is not up yet
+other messages (ping aside) in a backlog, so its first tools/list sees its servers rather than an
+empty list; that first generation is built once every new server is up or its entry's startup
+budget is spent (`PoolOptions.startup_budget`), whichever comes first. A late server then
+arrives like any other change: registry changes are published by one reference swap, compared
+canonically per list kind, and announced by the notifier task: only changed kinds, never for
+the first generation, only after `notifications/initialized`, coalesced while the socket has
+unsent data (S5). A call, read or get routed to a server that is not up yet
 (standby, or its first start still running) waits for that start (bounded by the start's own
 timeout), parked on the entry; it is answered with an error naming the server if the start fails.
 
@@ -1196,6 +1196,10 @@ class Session:
             try:
                 if error is None and handle.released:
                     error = f"server '{view.name}' was removed from the session while starting"
+                name = params.get("name") if method in ("tools/call", "prompts/get") else None
+                if error is None and isinstance(name, str) and not view.key.allows(name):
+                    # S8: the policy in force now decides, not the one it was routed under.
+                    error = f"server '{view.name}': {name} is no longer allowed for this session"
                 if error is not None:
                     entry = handle.entry
                     raise UpstreamUnavailable(

@@ -305,3 +305,25 @@ async def test_start_is_a_policy_field_not_part_of_the_transport_identity() -> N
     eager, lazy = desired("x", stdio("x")), desired("x", stdio("x", start="lazy"))
     assert eager.identity == lazy.identity
     assert eager.identity.fingerprint == lazy.identity.fingerprint
+
+
+async def test_a_waiting_call_is_checked_against_the_policy_in_force_when_it_goes(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("a"), tool("b")])
+    pool = make_pool(nursery, FakeNet(lz=server), drain_grace=1.0)
+    await known_then_drained(nursery, pool, server, stdio("lz", start="lazy"))
+    server.start_gate = trio.Event()
+    session, out = new_session(nursery, pool)
+    await session.apply_settings(wants({"lz": stdio("lz", start="lazy")}), 1)
+    request(session, 1, "tools/call", {"name": "lz__b", "arguments": {}})
+    await settle()
+    # S8: while it waits, the settings stop allowing the tool (same server, same process).
+    report = await session.apply_settings(
+        wants({"lz": stdio("lz", start="lazy", excludeTools=["b"])}), 2
+    )
+    assert dict(report) == {"lz": "refresh"}
+    server.start_gate.set()
+    error = (await answer(out, 1))["error"]
+    assert "b is no longer allowed" in error["data"]["reason"]
+    assert [s for s in server.current.sent if s[1] == "tools/call"] == []
