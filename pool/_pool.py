@@ -312,7 +312,9 @@ class Pool:
 
     def restart(self, name: str) -> list[PoolEntry]:
         """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""
+        # A standby entry has no process to restart: it starts when a request needs it.
         hit = [e for e in self._entries.values() if e.name == name]
+        hit = [e for e in hit if e.state is not EntryState.STANDBY]
         for entry in hit:
             self.restart_entry(entry)
         return [e for e in hit if e.state not in TERMINAL_STATES]

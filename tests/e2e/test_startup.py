@@ -173,3 +173,18 @@ async def test_prewarm_starts_the_user_files_servers_before_any_session(daemon_f
     async with d.attach([d.config_path], "user") as session:
         assert "warm__echo" in [t.name for t in (await session.list_tools()).tools]
     assert spawns(spawn_log) == 1  # the session took the prewarmed process
+
+
+async def test_a_reload_that_makes_a_server_always_starts_it_and_one_that_unmakes_it_lets_it_drain(
+    daemon_factory,
+):
+    d = await daemon_factory({"keep": fake_server()}, daemon={"drainGrace": 0.5})
+    assert await d.ctl("servers") == []  # eager: nothing runs without a session
+    d.write_config({"keep": {**fake_server(), "start": "always"}}, daemon={"drainGrace": 0.5})
+    with trio.fail_after(WAIT):
+        while not [s for s in await d.ctl("servers") if s.get("state") == "active"]:
+            await trio.sleep(0.05)
+    d.write_config({"keep": fake_server()}, daemon={"drainGrace": 0.5})
+    with trio.fail_after(WAIT):
+        while await d.ctl("servers"):
+            await trio.sleep(0.05)

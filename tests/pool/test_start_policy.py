@@ -66,6 +66,9 @@ async def test_a_lazy_entry_with_a_known_snapshot_is_standby_and_drains_without_
     assert entry.ready.is_set()  # nothing to wait for: its lists are known
     assert [t["name"] for t in entry.snapshot.tools] == ["a"]
     assert entry.snapshot.available
+    assert pool.restart("lz") == []  # no process to restart: it starts when a request needs it
+    await trio.sleep(0.5)
+    assert entry.state is EntryState.STANDBY
     pool.release(again)
     await entry.closed.wait()
     assert server.starts == 1
