@@ -637,6 +637,18 @@ def _render_status(status: dict[str, Any]) -> None:
                 str(len(item.get("sessions") or [])),
             )
         _print(table)
+    not_up = status.get("not_up") or []
+    if not_up:
+        sys.stdout.write("\n")
+        table = _table("SERVER NOT UP", "STATE", "LAST ERROR", "SESSIONS")
+        for item in not_up:
+            table.add_row(
+                _text(item.get("server")),
+                _text(item.get("state")),
+                _text(item.get("last_error")),
+                str(len(item.get("sessions") or [])),
+            )
+        _print(table)
     for note in status.get("notes") or []:
         _print(f"note: {_text(note)}")
 

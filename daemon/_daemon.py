@@ -58,9 +58,13 @@ from mcpool.pool import (
     READ_CHUNK,
     FdWriter,
     Guardian,
+    Handle,
     Pool,
+    PoolEntry,
     PoolOptions,
     ServerSettings,
+    TransportIdentity,
+    Upstream,
     WriterClosed,
     identity_of,
     read_some,
@@ -134,6 +138,22 @@ EXIT_STOPPED = 0  # a requested stop (SIGTERM, SIGINT, `daemonctl stop`), or ano
 EXIT_FAILED = 1  # an unexpected error (logged with its traceback), or a failure that stopped it
 
 
+class _DaemonLease:
+    """The listener of the daemon's own leases (`"start": "always"`, prewarm): no session."""
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        pass
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Any) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
+        return "the daemon holds this server for no session; it has no client to ask"
+
+
+_DAEMON_LEASE = _DaemonLease()
+
+
 class _SessionState:
     """Daemon-side facts about one session: its settings sources and runtime overrides."""
 
@@ -189,6 +209,8 @@ class Daemon:
         self.listen = ListenSocket(sock_path, None, self.log)
         self.fd_reserve = FdReserve()
         self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
+        # The daemon's own leases on the user file's `"start": "always"` servers (L6).
+        self.kept: dict[str, Handle] = {}
 
     # -- logging -------------------------------------------------------------------------------
 
@@ -244,6 +266,7 @@ class Daemon:
             backoff_initial=o.backoff_initial,
             backoff_max=o.backoff_max,
             request_timeout=o.request_timeout,
+            startup_budget=o.startup_budget,
         )
 
     def desired_for(self, state: _SessionState) -> dict[str, Desired]:
@@ -305,6 +328,52 @@ class Daemon:
         state.skipped = skipped
         return desired
 
+    def own_servers(self) -> dict[str, tuple[TransportIdentity, ServerSettings]]:
+        """The user file's shared servers as the daemon itself starts them (`"start":
+        "always"`, prewarm): expanded from the daemon's base environment. One a session could
+        not use either is left out here; `desired_for` names it for the sessions that hold it."""
+        loaded = self.files.get(self.config_path)
+        if loaded is None or not self.options.pool:
+            return {}
+        out: dict[str, tuple[TransportIdentity, ServerSettings]] = {}
+        base = settings_base_dir(self.config_path, self.config_path)
+        for name, entry in loaded.servers.items():
+            if entry.disabled or entry.scope != "shared":
+                continue
+            try:
+                entry = for_session(
+                    name, entry, base_environment(), self.config_path, from_session=False
+                )
+                identity = identity_of(name, entry, base_dir=base)
+                check_cwd(name, identity, self.config_path)
+            except SettingsError:
+                continue
+            out[name] = (identity, entry)
+        return out
+
+    def keep_always(self) -> None:
+        """Hold one daemon lease on each `"start": "always"` server of the user file, so it
+        runs before any session attaches and never drains; let go of ones no longer asked."""
+        assert self.pool is not None
+        want = {n: v for n, v in self.own_servers().items() if v[1].start == "always"}
+        for name, handle in list(self.kept.items()):
+            if name not in want or want[name][0] != handle.identity:
+                del self.kept[name]
+                self.pool.release(handle)
+        for name, (identity, entry) in want.items():
+            if name not in self.kept:
+                self.log("info", f"server '{name}': started with the daemon (start: always)")
+                self.kept[name] = self.pool.lease(identity, entry, "daemon", _DAEMON_LEASE)
+
+    def prewarm(self) -> None:
+        """`"daemon": {"prewarm": true}`: start the user file's eager servers now; each drains
+        after the drain grace unless a session takes it."""
+        assert self.pool is not None
+        for name, (identity, entry) in self.own_servers().items():
+            if entry.start == "eager":
+                self.log("info", f"server '{name}': prewarmed")
+                self.pool.release(self.pool.lease(identity, entry, "daemon", _DAEMON_LEASE))
+
     async def apply_to_session(self, state: _SessionState) -> list[tuple[str, str]]:
         async with state.lock:
             if state.session.closed:
@@ -340,6 +409,7 @@ class Daemon:
                 )
             if self.config_path in paths:
                 self.apply_daemon_options()
+                self.keep_always()
             self.settings_generation += 1
             affected = [
                 st for st in self.sessions.values() if only is None or paths & set(st.sources)
@@ -416,6 +486,9 @@ class Daemon:
                     snapshots=FileSnapshotStore(_paths.snapshots_dir(), self.log),
                 )
                 pool_nursery.start_soon(self.guardian.watch, self.log)
+                self.keep_always()
+                if self.options.prewarm:
+                    self.prewarm()
                 async with trio.open_nursery() as conn_nursery:
                     self._shared_nursery = conn_nursery
                     # Signals first: once the socket answers, SIGTERM or SIGINT is a stop (exit 0),
@@ -1024,6 +1097,17 @@ class Daemon:
                 *(f"server '{e.name}': {n}" for e in entries for n in e.snapshot.notes),
             ],
             "skipped": self._skipped_entries(),
+            # L6: servers sessions hold that are not up (never silently absent from a list).
+            "not_up": [
+                {
+                    "server": e.name,
+                    "state": e.state.value,
+                    "last_error": e.last_error,
+                    "sessions": sorted({h.session_id for h in e.handles.values()}),
+                }
+                for e in entries
+                if e.upstream is None and e.handles
+            ],
         }
 
     def _skipped_entries(self) -> list[dict[str, Any]]:
@@ -1059,6 +1143,7 @@ class Daemon:
                     "started_at": started_at,
                     "uptime": round(now - up.started_at, 3) if up and up.started_at else None,
                     "transport": e.identity.kind,
+                    "start": e.settings.start,
                     "era": up.era if up is not None else None,
                     "protocol_version": up.protocol_version if up is not None else None,
                     "restarts": e.restarts,

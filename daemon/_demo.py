@@ -264,7 +264,10 @@ def _demo(root: Path, began: float) -> int:
         MCPOOL_CONFIG=str(root / "config.json"),
     )
     server = {"command": sys.executable, "args": [str(EXAMPLE_SERVER)]}
-    (root / "config.json").write_text(json.dumps({"mcpServers": {}}))
+    # The demo shows sharing: its first list waits for the example server however slow the
+    # machine (REQUEST_TIMEOUT), instead of the startup budget a client gets.
+    daemon_options = {"startupBudget": REQUEST_TIMEOUT}
+    (root / "config.json").write_text(json.dumps({"mcpServers": {}, "daemon": daemon_options}))
     files = {}
     for name, policy, _ in SESSIONS:
         files[name] = root / f"{name}.json"

@@ -52,6 +52,11 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     request_timeout: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     # The longest exposed tool name for every session (session/_names.py); None: per client.
     max_name_length: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None
+    # L6: seconds a session's first list waits for its servers' first start before it is served
+    # what is ready (late ones follow by list_changed); Codex waits about 1 s for a server.
+    startup_budget: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.5
+    # Start the user file's eager servers with the daemon (they drain as usual if unused).
+    prewarm: bool = False
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 
 class EntryState(enum.Enum):
+    # `"start": "lazy"` with a known snapshot: served from it, no process until a request needs one.
+    STANDBY = "standby"
     SPAWNING = "spawning"
     ACTIVE = "active"
     DRAINING = "draining"
@@ -57,12 +60,14 @@ class EntryEvent(enum.Enum):
     CLOSE = "close"  # drained, shut down, or the daemon stops
     GIVE_UP = "give-up"  # a failure with no restart (settings are invalid)
     NEEDS_LOGIN = "needs-login"  # the server refused us until the user logs in
+    WAKE = "wake"  # a standby entry's process is needed (a call, a read, a get)
 
 
 _S, _E = EntryState, EntryEvent
 # (state, event) -> next state. A pair not listed is a no-op, never an error: e.g. LEASED while
 # spawning leaves it spawning. READY settles on ACTIVE or DRAINING by the lease count (below).
 TRANSITIONS: dict[tuple[EntryState, EntryEvent], EntryState] = {
+    (_S.STANDBY, _E.WAKE): _S.SPAWNING,
     (_S.SPAWNING, _E.READY): _S.ACTIVE,
     (_S.RESTARTING, _E.READY): _S.ACTIVE,
     (_S.ACTIVE, _E.IDLE): _S.DRAINING,
@@ -245,6 +250,12 @@ class PoolEntry:
         self.needs_login = False  # the last connection ended for want of an OAuth login
         # The record this entry's snapshot store holds for it (loaded or last saved).
         self.stored: StoredSnapshot | None = None
+        # L6: how long a session's first list waits for this entry's first start (trio time).
+        self.startup_deadline = -math.inf
+        self.wake_requested = trio.Event()  # STANDBY: set when a request needs the process
+        # Requests parked until the first start attempt ends: called with None once the
+        # upstream is up, else with why not (the attempt failed or the entry closed).
+        self.waiters: list[Callable[[str | None], None]] = []
 
     @property
     def name(self) -> str:
@@ -267,6 +278,24 @@ class PoolEntry:
         self.deadline = deadline
         self.deadline_moved.set()
         self.deadline_moved = trio.Event()
+
+    @property
+    def starting_up(self) -> bool:
+        """Not up yet, and a request may wait for it: standby, or its first start in progress
+        (a restarting or crash-looped entry fails requests at once instead, L3)."""
+        return self.upstream is None and self.state in (EntryState.STANDBY, EntryState.SPAWNING)
+
+    def when_up(self, waiter: Callable[[str | None], None]) -> None:
+        """Park a request until the upstream is up (a standby entry is woken for it)."""
+        self.waiters.append(waiter)
+        if self.state is EntryState.STANDBY:
+            self.wake_requested.set()
+
+    def settle_waiters(self, error: str | None) -> None:
+        """The start attempt ended: run what was parked (each waiter fences itself)."""
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            waiter(error)
 
     def publish(self, snapshot: Snapshot) -> None:
         """Install a new snapshot (one reference swap) and tell every view."""

@@ -64,10 +64,15 @@ CRASH_LOOP_WINDOW = 120.0
 # attaches to it: rare enough that a server that is still broken costs one spawn per cooldown.
 CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
-ENTRY_CLOSE_BOUND = 10.0
+ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
 # A drained entry waits for its requests in flight at most their time limit plus this: the
 # connection's own timer answers each by then; the slack only covers that timer's wake-up.
-IN_FLIGHT_SLACK = 1.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+IN_FLIGHT_SLACK = 1.0
+# L6: a session's first list waits at most this for its servers' first start, then is served what
+# is ready (late servers arrive by list_changed). Codex gives up on a server after about 1 s.
+DEFAULT_STARTUP_BUDGET = 1.5
+# Last discoveries of lazy servers kept in memory: one per identity a user ran recently.
+KNOWN_SNAPSHOTS = 256
 
 
 class PoolOptions(msgspec.Struct, kw_only=True):
@@ -81,6 +86,7 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN
     # Bounds each request to an upstream whose entry sets no `timeout` of its own.
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    startup_budget: float = DEFAULT_STARTUP_BUDGET
 
 
 class RefreshRejected(McpoolError):
@@ -147,6 +153,8 @@ class Pool:
         self._advised: set[str] = set()  # servers whose routing advice was logged (once each)
         # Every connection that exists, started or still starting: what `kill_all` reaches.
         self._connections: dict[PoolEntry, Upstream] = {}
+        # Each identity's last discovery, surviving its entry (insertion order: oldest first).
+        self._known: dict[EntryKey, Snapshot] = {}
 
     @property
     def options(self) -> PoolOptions:
@@ -175,6 +183,22 @@ class Pool:
     def get(self, key: EntryKey) -> PoolEntry | None:
         return self._entries.get(key)
 
+    # -- last known discoveries (L6) -----------------------------------------------------------
+
+    def last_snapshot(self, entry: PoolEntry) -> Snapshot | None:
+        """The one place an entry's last known discovery comes from before its process runs."""
+        return self._known.get(entry.key)
+
+    def _remember(self, entry: PoolEntry, snapshot: Snapshot) -> None:
+        # Only lazy servers are served from memory before they run: a daemon churning through
+        # many eager identities keeps nothing for them.
+        if not snapshot.available or entry.settings.start != "lazy":
+            return
+        self._known.pop(entry.key, None)
+        self._known[entry.key] = snapshot
+        while len(self._known) > KNOWN_SNAPSHOTS:
+            del self._known[next(iter(self._known))]
+
     # -- leases --------------------------------------------------------------------------------
 
     def lease(
@@ -196,8 +220,19 @@ class Pool:
         entry = self._entries.get(key)
         if entry is None or entry.state in TERMINAL_STATES or entry.closing:
             entry = PoolEntry(key, identity, capture_settings(settings))
-            self._entries[key] = entry
+            entry.startup_deadline = trio.current_time() + self.options.startup_budget
+            # A server seen before starts from its stored discovery (flagged cached).
             self._start_from_store(entry)
+            if entry.settings.start == "lazy":
+                known = self.last_snapshot(entry)
+                if known is not None and not entry.snapshot.cached:
+                    entry.snapshot = msgspec.structs.replace(known, generation=1)
+                if known is not None or entry.snapshot.cached:
+                    # Served from what it offered last time; started when a request needs it.
+                    entry.state = EntryState.STANDBY
+                    self._remember(entry, entry.snapshot)
+                    entry.ready.set()
+            self._entries[key] = entry
             self._nursery.start_soon(self._supervise, entry)
         elif entry.state is EntryState.CRASH_LOOP and attach_retry_due(
             entry.failures, now=trio.current_time(), interval=self.options.backoff_max
@@ -208,6 +243,7 @@ class Pool:
                 "info", f"server '{entry.name}': retrying after crash-loop (a session attached)"
             )
             entry.ready = trio.Event()
+            entry.startup_deadline = trio.current_time() + self.options.startup_budget
             entry.restart_requested.set()
         handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
@@ -248,7 +284,7 @@ class Pool:
                 await entry.state_changed.wait()
         return None
 
-    def _remember(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
+    def _store_snapshot(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
         """Keep a live discovery for the next cold start (written off the supervisor's path)."""
         store = self._snapshots
         if store is None or not snapshot.available:
@@ -370,7 +406,9 @@ class Pool:
 
     def restart(self, name: str) -> list[PoolEntry]:
         """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""
+        # A standby entry has no process to restart: it starts when a request needs it.
         hit = [e for e in self._entries.values() if e.name == name]
+        hit = [e for e in hit if e.state is not EntryState.STANDBY]
         for entry in hit:
             self.restart_entry(entry)
         return [e for e in hit if e.state not in TERMINAL_STATES]
@@ -408,6 +446,7 @@ class Pool:
         entry.close_reason = reason
         entry.move_deadline(-math.inf)
         entry.restart_requested.set()
+        entry.wake_requested.set()
         if entry.upstream is not None:
             entry.upstream.request_close(reason)
         if entry.starting is not None:
@@ -427,6 +466,7 @@ class Pool:
             if self._entries.get(entry.key) is entry:
                 del self._entries[entry.key]
             entry.ready.set()
+            entry.settle_waiters(f"server '{entry.name}' closed ({entry.close_reason or 'closed'})")
             entry.closed.set()
             if entry.snapshot.available:
                 entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
@@ -457,6 +497,11 @@ class Pool:
             entry.move_deadline(math.inf)
 
     async def _connection_loop(self, entry: PoolEntry) -> None:
+        if entry.state is EntryState.STANDBY:
+            await entry.wake_requested.wait()  # a request needs the process (or it closes)
+            if entry.closing:
+                return
+            entry.fire(EntryEvent.WAKE)
         while not entry.closing:
             entry.restart_requested = trio.Event()
             error = await self._run_once(entry)
@@ -475,7 +520,15 @@ class Pool:
             entry.failures.append(now)
             entry.failures = [t for t in entry.failures if now - t <= window]
             entry.last_error = error or "exited"
+            started = entry.up_since is not None
+            self.log(
+                "warning",
+                f"server '{entry.name}' {'stopped' if started else 'failed to start'}: "
+                f"{entry.last_error}",
+                server=entry.name,
+            )
             entry.ready.set()
+            entry.settle_waiters(f"server '{entry.name}' failed to start: {entry.last_error}")
             # A remote server that is down is waited for (at the backoff cap); a local one that
             # keeps dying rests for the cooldown (or until a session attaches, a restart or a
             # settings change), and one that fails again after a retry goes straight back.
@@ -553,8 +606,10 @@ class Pool:
                 for note in snapshot.notes:
                     self.log("warning", f"server '{entry.name}': {note}", server=entry.name)
                 entry.publish(snapshot)
+                self._remember(entry, snapshot)
                 entry.ready.set()
-                self._remember(entry, upstream, snapshot)
+                self._store_snapshot(entry, upstream, snapshot)
+                entry.settle_waiters(None)
                 events.started(nursery)
         except Exception as exc:
             entry.needs_login = needs_login(upstream, exc)
@@ -895,7 +950,8 @@ class _EntryEvents:
                         self.pool.log("warning", f"server '{self.entry.name}': {note}")
                 fresh = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
                 self.entry.publish(fresh)
-                self.pool._remember(self.entry, upstream, fresh)
+                self.pool._remember(self.entry, fresh)
+                self.pool._store_snapshot(self.entry, upstream, fresh)
                 if not self._relisting.get(kind):
                     return
         finally:

@@ -3,9 +3,9 @@
 A `ServerSettings` is one `mcpServers` entry as the user wrote it. The *transport identity* is the
 canonical form of the fields that decide which process (or remote endpoint) serves it; policy
 fields (trust, includeTools, excludeTools, alwaysLoadTools) and cosmetic ones (description,
-disabled) are deliberately not part of it, so sessions with different policies share one
-upstream. Identities are built once and captured by whoever holds them (I2): they are frozen
-tuples, never views onto the caller's mutable settings object.
+disabled) and the start policy (`start`) are deliberately not part of it, so sessions with
+different policies share one upstream. Identities are built once and captured by whoever holds
+them (I2): they are frozen tuples, never views onto the caller's mutable settings object.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from ._oauth import OAuthSettings, oauth_identity
 
 TransportKind = Literal["stdio", "http", "sse"]
 Scope = Literal["shared", "workspace", "session"]
+# When the process runs (L6): a policy, never part of the transport identity (I1).
+StartPolicy = Literal["eager", "lazy", "always"]
 
 FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
 
@@ -56,6 +58,7 @@ class ServerSettings(
     roots: list[str] = msgspec.field(default_factory=list)
     # OAuth for an HTTP/SSE server (issue 16): pre-registered client, scopes, callback port.
     oauth: OAuthSettings | None = None
+    start: StartPolicy = "eager"
 
 
 def capture_settings(s: ServerSettings) -> ServerSettings:

@@ -7,12 +7,18 @@ envelope, look the exposed name up in the one captured `RegistryGeneration`, rew
 progress token, and write to the upstream's pipe — no task switch (S2: a request never mixes
 two generations).
 
-Until its first generation exists the session keeps the client's messages in a backlog (a
-client's initialize and tools/list must see its servers, not an empty list followed by a
-notification). Registry changes after that are published by one reference swap, compared
+`initialize` is answered at once: it needs no upstream (L6), only the session's first
+reconciliation, which leases its servers without waiting for any (so its instructions are those
+of the servers already up). Until its first generation exists the session keeps the client's
+other messages (ping aside) in a backlog, so its first tools/list sees its servers rather than an
+empty list; that first generation is built once every new server is up or its entry's startup
+budget is spent (`PoolOptions.startup_budget`), whichever comes first. A late server then
+arrives like any other change: registry changes are published by one reference swap, compared
 canonically per list kind, and announced by the notifier task: only changed kinds, never for
 the first generation, only after `notifications/initialized`, coalesced while the socket has
-unsent data (S5).
+unsent data (S5). A call, read or get routed to a server that is not up yet
+(standby, or its first start still running) waits for that start (bounded by the start's own
+timeout), parked on the entry; it is answered with an error naming the server if the start fails.
 
 Both protocol eras are served on the same socket (DESIGN P1, `_eras`): a session's first
 request decides its era. A 2026-07-28 session has no handshake; every request carries its
@@ -435,6 +441,9 @@ def _offset(cursor: Any) -> int:
     return value
 
 
+_NO_PARKED: dict[Any, Any] = {}  # shared and never written: `_park` gives a session its own
+
+
 class Session:
     # Slots: a daemon holds one Session per attached window, many of them idle.
     __slots__ = (
@@ -446,9 +455,11 @@ class Session:
         "_log",
         "_notify_wake",
         "_notifying",
+        "_parked",
         "_reconciling",
         "_relay_ids",
         "_signature",
+        "_views_known",
         "attached_at",
         "client_capabilities",
         "client_info",
@@ -510,6 +521,8 @@ class Session:
         self.registry: RegistryGeneration = empty_generation()
         self._signature: tuple[Any, ...] = ()
         self.ready = False
+        # The first reconciliation has leased the servers (initialize may be answered).
+        self._views_known = False
         # Messages before the first generation, each with the batch it came in (if any).
         self._backlog: list[tuple[Message, Batch | None]] = []
         self.initialize_answered = False
@@ -545,6 +558,9 @@ class Session:
         # While a batch member is being handled: the batch its synchronous answer joins.
         self._batch: Batch | None = None
         self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
+        # Requests waiting for their server's first start: client id -> (waiter, batch); a
+        # dict only once one waits (most sessions never have one).
+        self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = _NO_PARKED
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -606,8 +622,21 @@ class Session:
                     new_views[d.name] = view
                     replay = True
             self.views = {name: new_views[name] for name in desired if name in new_views}
+            if not self._views_known:
+                self._views_known = True
+                self._answer_initialize()
+            # L6, S7: each new server is waited for within its entry's startup budget, never
+            # longer; one still starting is named in the log and arrives by list_changed.
             for handle in waiting:
-                await handle.entry.ready.wait()
+                with trio.move_on_at(handle.entry.startup_deadline):
+                    await handle.entry.ready.wait()
+            for handle in waiting:
+                if not handle.entry.ready.is_set() and not handle.released:
+                    self._log(
+                        f"session {self.id}: server '{handle.identity.name}' is still starting "
+                        f"({handle.entry.state.value}) after the startup budget; served without "
+                        "it, its items follow by list_changed"
+                    )
         finally:
             self._reconciling = False
         if self.closed or settings_generation < self.settings_generation:
@@ -729,6 +758,21 @@ class Session:
             return None
         return route if route.view.key.allows(route.upstream_name) else None
 
+    def _answer_initialize(self) -> None:
+        """The servers are leased: an initialize waiting in the backlog is answered now, the
+        rest waits for the first generation."""
+        backlog, self._backlog = self._backlog, []
+        outer = self._batch
+        try:
+            for msg, batch in backlog:
+                if msg.method == "initialize":
+                    self._batch = batch
+                    self._handle(msg)
+                else:
+                    self._backlog.append((msg, batch))
+        finally:
+            self._batch = outer
+
     def _become_ready(self) -> None:
         self.ready = True
         backlog, self._backlog = self._backlog, []
@@ -848,6 +892,9 @@ class Session:
         self.inflight.clear()
         for listen_id in self.listens:
             answer(listen_id, None)
+        for client_id, (_waiter, batch) in self._parked.items():
+            answer(client_id, batch)
+        self._parked = _NO_PARKED
         for msg, batch in self._backlog:
             if msg.is_request:
                 answer(msg.id, batch)
@@ -903,7 +950,9 @@ class Session:
                 ),
             )
             return
-        if not self.ready and msg.method != "ping":
+        if not self.ready and not (
+            msg.method == "ping" or (msg.method == "initialize" and self._views_known)
+        ):
             self._backlog.append((msg, self._batch))
             return
         self._handle(msg)
@@ -986,6 +1035,11 @@ class Session:
                 self._close_listen(rid)
                 return
             flight = self.inflight.get(rid)
+            if flight is None and rid in self._parked:
+                _waiter, batch = self._parked.pop(rid)
+                whole = batch.drop() if batch is not None else None
+                if whole is not None:
+                    self.send(whole)
             if flight is not None:
                 flight.upstream.cancel(flight.uid, c.reason or "cancelled by the client")
                 flight.finish()
@@ -1018,11 +1072,22 @@ class Session:
             "capabilities": SERVER_CAPABILITIES,
             "serverInfo": {"name": "mcpool", "version": __version__},
         }
-        instructions = self.registry.instructions()
+        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
         if instructions:
             result["instructions"] = instructions
         self.reply(request_id(msg), response(request_id(msg), result))
         self.initialize_answered = True
+
+    def _instructions_so_far(self) -> str | None:
+        """Before the first generation (L6): the instructions of the servers already up, as
+        `RegistryGeneration.instructions` joins them (a late server's cannot follow: the
+        protocol has no notification for them)."""
+        parts = []
+        for view in self.views.values():
+            text = view.projection().instructions
+            if text:
+                parts.append(f"## {view.name}\n{text.strip()}")
+        return "\n\n".join(parts) if parts else None
 
     def _discover(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         """2026-07-28: the session's aggregated capabilities and instructions."""
@@ -1276,18 +1341,14 @@ class Session:
         method: str,
         params: dict[str, Any],
         meta: _params.RequestMeta | None,
-        *,
-        wait: bool = True,
     ) -> None:
         handle = view.handle
         assert handle is not None
         entry = handle.entry
         upstream = entry.upstream
         if upstream is None or not upstream.alive:
-            if wait and entry.snapshot.cached and self.spawn is not None:
-                # Listed from the stored snapshot, the server is still starting: the request
-                # waits for it (bounded by its start timeout) instead of failing.
-                self.spawn(lambda: self._forward_when_up(msg, view, method, params, meta))
+            if entry.starting_up:
+                self._park(msg, view, method, params, meta)
                 return
             raise UpstreamUnavailable(
                 view.name,
@@ -1326,7 +1387,7 @@ class Session:
             flight.finish()  # whatever failed, the request is not in flight
             raise
 
-    async def _forward_when_up(
+    def _park(
         self,
         msg: Message,
         view: SessionView,
@@ -1334,14 +1395,47 @@ class Session:
         params: dict[str, Any],
         meta: _params.RequestMeta | None,
     ) -> None:
-        assert view.handle is not None
-        await self.pool.wait_up(view.handle.entry)
-        if self.closed:
-            return
-        try:
-            self._forward(msg, view, method, params, meta, wait=False)
-        except McpoolError as exc:
-            self.send_error(msg.id, exc)
+        """Hold a request until its server's first start ends (L6; a standby entry starts)."""
+        client_id = msg.id
+        if client_id in self._parked:
+            raise InvalidRequest(
+                f"request id {client_id!r} is already used by a request in flight", id=client_id
+            )
+        batch = self._batch
+        handle = view.handle
+        assert handle is not None
+
+        def resume(error: str | None) -> None:
+            # Runs in the entry's supervisor task: fenced like every callback from there.
+            parked = self._parked.get(client_id)
+            if parked is None or parked[0] is not resume or self.closed:
+                return  # cancelled, or the session closed (and answered it)
+            del self._parked[client_id]
+            outer, self._batch = self._batch, batch
+            try:
+                if error is None and handle.released:
+                    error = f"server '{view.name}' was removed from the session while starting"
+                name = params.get("name") if method in ("tools/call", "prompts/get") else None
+                if error is None and isinstance(name, str) and not view.key.allows(name):
+                    # S8: the policy in force now decides, not the one it was routed under.
+                    error = f"server '{view.name}': {name} is no longer allowed for this session"
+                if error is not None:
+                    entry = handle.entry
+                    raise UpstreamUnavailable(
+                        view.name, error, state=entry.state.value, lastError=entry.last_error
+                    )
+                self._forward(msg, view, method, params, meta)
+            except McpoolError as exc:
+                self.send_error(client_id, exc)
+            except Exception as exc:
+                self._fault(f"a {method} waiting for server '{view.name}'", exc)
+            finally:
+                self._batch = outer
+
+        if self._parked is _NO_PARKED:
+            self._parked = {}
+        self._parked[client_id] = (resume, batch)
+        handle.entry.when_up(resume)
 
     # -- from upstreams ------------------------------------------------------------------------
 

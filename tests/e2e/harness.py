@@ -47,6 +47,10 @@ KILL_REAP_TIMEOUT = 5.0
 # The socket appears at an unpredictable moment in another process; there is no event to wait
 # on, so the start-up wait polls at this interval (bounded by DAEMON_START_TIMEOUT).
 SOCKET_POLL_INTERVAL = 0.01
+# The daemon's startupBudget unless a test sets one: a test that lists once right after attaching
+# must not depend on how fast a real server starts on a loaded machine (the budget itself, and
+# late servers arriving by list_changed, are tests/e2e/test_startup.py's subject).
+TEST_STARTUP_BUDGET = 60.0
 
 
 def fake_server(**env: str | int | float) -> dict[str, Any]:
@@ -271,7 +275,8 @@ class DaemonProcess:
         self, servers: dict[str, Any] | None = None, daemon: dict[str, Any] | None = None
     ) -> Path:
         """(Re)write the daemon's config file; a running daemon sees it through its watcher."""
-        return write_settings(self.config_path, servers or {}, daemon=daemon or {})
+        daemon = {"startupBudget": TEST_STARTUP_BUDGET, **(daemon or {})}
+        return write_settings(self.config_path, servers or {}, daemon=daemon)
 
     def settings_file(self, name: str, servers: dict[str, Any]) -> Path:
         """Write a session settings file ({"mcpServers": servers}) under this daemon's root."""
