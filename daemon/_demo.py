@@ -260,6 +260,8 @@ def _demo(root: Path, began: float) -> int:
     env.update(
         XDG_STATE_HOME=str(root / "state"),
         XDG_CONFIG_HOME=str(root / "config"),
+        # The snapshot cache too: the demo leaves nothing behind in the user's folders.
+        XDG_CACHE_HOME=str(root / "cache"),
         MCPOOL_SOCKET=str(sock),
         MCPOOL_CONFIG=str(root / "config.json"),
     )

@@ -620,7 +620,10 @@ async def test_real_client_starts_the_daemon_cold(
     """No daemon runs: the client's `mcpool attach` starts one (and the upstream), and the
     first tool list the client takes (Codex and Qwen Code take only one) holds the upstream's
     tools, also when the upstream is slow to start (with CLAUDE_WAIT_ENV for Claude Code and
-    Codex's `required = true`, which every test here sets up)."""
+    Codex's `required = true`, which every test here sets up). A server never seen before is
+    waited for at most the startup budget (L6: then late servers come by list_changed, which
+    Codex and Qwen Code ignore): a user whose first start is slower raises `startupBudget`
+    in the user config, as the slow case does; from then on the stored snapshot answers at once."""
     client = CLIENTS[key]
     # Not started: the bridge starts it; the factory's teardown still kills what it left.
     daemon = await daemon_factory(start=False)
@@ -631,7 +634,16 @@ async def test_real_client_starts_the_daemon_cold(
     )
     script = Script(suffix="up__env", arguments={"name": "MCPOOL_TOKEN"})
     wait = CLAUDE_WAIT_ENV if key == "claude" and slow else None
-    run = await run_client(client, exe, daemon, settings, tmp_path, script, extra_env=wait)
+
+    def budget(home: Path) -> None:
+        # The daemon the bridge starts reads the client user's own mcpool config.
+        if slow:
+            config = {"daemon": {"startupBudget": COLD_UPSTREAM_DELAY * 4}}
+            _write_json(home / ".config" / "mcpool" / "config.json", config)
+
+    run = await run_client(
+        client, exe, daemon, settings, tmp_path, script, extra_env=wait, edit=budget
+    )
     MATRIX.setdefault(key, {})["slow" if slow else "cold"] = token in run.stdout
     assert run.returncode == 0, run.explain()
     assert script.exposed is not None, run.explain()
