@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mcpool.protocol import canonical_bytes
 
+from ._changes import change_set
 from ._view import Projection
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ class Aggregate:
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
         # Per list kind: sorted (key, canonical bytes) pairs; equal <=> canonically equal (S4).
         self.canonical: dict[str, tuple[tuple[str, bytes], ...]] = {}
-        # Encoded first pages, filled lazily by sessions (a cache, not state).
+        # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
+        # (a cache, not state).
         self.encoded: dict[str, bytes] = {}
 
 
@@ -163,7 +165,8 @@ class RegistryGeneration:
     def changed_kinds(self, previous: RegistryGeneration) -> list[str]:
         if self.agg is previous.agg:
             return []
-        return [k for k in LIST_KINDS if self.canonical[k] != previous.canonical[k]]
+        # Once per pair of aggregates, however many sessions make the same move.
+        return list(change_set(previous.agg, self.agg, LIST_KINDS))
 
     def instructions(self) -> str | None:
         parts = []
