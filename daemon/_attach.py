@@ -32,9 +32,7 @@ the client is gone (exit 0, quietly); SIGINT/SIGTERM exit 130/143 without a trac
 from __future__ import annotations
 
 import _socket
-import contextlib
 import fcntl
-import json
 import os
 import select
 import signal
@@ -43,6 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+# `json`'s own modules (and `contextlib`, below) are start-up time of every client launch for
+# two C functions: _jsonlite calls them directly, with the same answers.
+from mcpool.daemon import _jsonlite as json
 from mcpool.daemon._paths import (
     UnsafeSocketPath,
     check_daemon_peer,
@@ -469,8 +470,10 @@ def relay(
         return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd, child)
     finally:
         # O_NONBLOCK lives on the open file description, which the client or a terminal shares.
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 (contextlib is import time of every client launch)
             fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags)
+        except OSError:
+            pass
 
 
 def _relay_loop(

@@ -81,9 +81,9 @@ def _configured_socket(path: Path | None = None) -> str | None:
     """`"daemon": {"socket": PATH}` in the user config, read with the stdlib (bridge start-up)."""
     try:
         with open(path or config_path(None), "rb") as f:
-            import json
+            from mcpool.daemon import _jsonlite  # not `json`: bridge start-up (_attach.py)
 
-            doc = json.loads(f.read() or b"{}")
+            doc = _jsonlite.loads(f.read() or b"{}")
     except (OSError, ValueError):
         return None
     daemon = doc.get("daemon") if isinstance(doc, dict) else None
