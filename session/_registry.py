@@ -16,8 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mcpool.protocol import canonical_bytes
-
+from ._canoncache import canonical_of
 from ._changes import change_set
 from ._view import Projection
 
@@ -188,16 +187,16 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
         found = {
-            "tools": {exposed: canonical_bytes(t) for exposed, _, t in proj.tools},
-            "prompts": {exposed: canonical_bytes(p) for exposed, _, p in proj.prompts},
+            "tools": {exposed: canonical_of(t) for exposed, _, t in proj.tools},
+            "prompts": {exposed: canonical_of(p) for exposed, _, p in proj.prompts},
             "resources": {
                 **{
-                    r["uri"]: canonical_bytes(r)
+                    r["uri"]: canonical_of(r)
                     for r in proj.resources
                     if isinstance(r.get("uri"), str)
                 },
                 **{
-                    "template:" + t["uriTemplate"]: canonical_bytes(t)
+                    "template:" + t["uriTemplate"]: canonical_of(t)
                     for t in proj.resource_templates
                     if isinstance(t.get("uriTemplate"), str)
                 },

@@ -12,12 +12,17 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
-from mcpool.session import Session
+from mcpool.protocol import canonical_bytes
+from mcpool.session import Session, _canoncache
+from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
 from mcpool.session._registry import LIST_KINDS
 
@@ -182,3 +187,31 @@ def test_a_change_set_is_the_kinds_whose_canonical_form_differs() -> None:
     assert change_set(new, new, LIST_KINDS) == ()
     same = Agg(tools=(("a", b"2"),), prompts=(("p", b"1"),), resources=(("r", b"1"),))
     assert change_set(new, same, LIST_KINDS) == ()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=20,
+)
+
+
+@given(st.lists(json_values, max_size=6))
+def test_cached_canonical_bytes_are_the_computed_ones(items: list[Any]) -> None:
+    for item in items + items:  # the second pass is served from the table
+        assert canonical_of(item) == canonical_bytes(item)
+    # Key order and set-like keyword order make no difference, as for canonical_bytes.
+    schema = {"type": ["string", "null"], "required": ["b", "a"]}
+    reordered = {"required": ["a", "b"], "type": ["null", "string"]}
+    assert canonical_of(schema) == canonical_of(reordered) == canonical_bytes(schema)
+
+
+def test_a_full_table_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_canoncache, "MAX_CACHED_BYTES", 200)
+    monkeypatch.setattr(_canoncache, "_table", {})
+    monkeypatch.setattr(_canoncache, "_held", 0)
+    for i in range(50):
+        item = {"name": f"t{i}", "inputSchema": {"type": "object"}}
+        assert canonical_of(item) == canonical_bytes(item)
+        assert _canoncache._held <= 200
+    assert canonical_of({1, 2}) == canonical_bytes({1, 2})  # not JSON-encodable: computed
