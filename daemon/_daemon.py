@@ -126,6 +126,9 @@ SHUTDOWN_DRAIN_BOUND = 1.0
 # Shutdown closes sessions in batches of this many, yielding between them: with thousands of
 # sessions the shutdown timeout can still cut in, and other tasks are not starved meanwhile.
 SHUTDOWN_CLOSE_BATCH = 100
+# Sessions whose clients left at once are closed this many per scheduler batch: a client closing
+# hundreds of sessions must not hold the loop from the sessions still calling (issue 17).
+DETACH_BATCH = 8
 # fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
 # is seen (MSG_CTRUNC) rather than silently cut.
 HANDOFF_FDS = 2
@@ -170,6 +173,7 @@ class Daemon:
         self.watched = WatchedFiles([config_path])
         self.settings_generation = 0
         self.reload_gate = trio.Lock()
+        self._detach_pacer = trio.CapacityLimiter(DETACH_BATCH)
         self.stop_requested = trio.Event()
         self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
         self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
@@ -814,6 +818,7 @@ class Daemon:
                         data = await read_some(in_fd)
                         if not data:
                             client_closed = True
+                            await self._paced_detach()
                             break
                         try:
                             lines = framer.feed(data)
@@ -829,6 +834,12 @@ class Daemon:
         finally:
             self.close_session(state, "the client disconnected")
         return client_closed
+
+    async def _paced_detach(self) -> None:
+        """Wait for a turn to close: at most DETACH_BATCH closes run between two passes of the
+        loop over the other tasks (the turn is held across one checkpoint)."""
+        async with self._detach_pacer:
+            await trio.lowlevel.checkpoint()
 
     def _log_fault(self, where: str, exc: BaseException, **fields: Any) -> None:
         """An unexpected exception that a fence stopped: logged with its traceback."""

@@ -71,12 +71,13 @@ def close(s: socket.socket, conn: LineConn) -> None:
     s.close()
 
 
-def wait_sessions(d: Daemon, count: int, timeout: float = 120.0) -> None:
+def wait_sessions(d: Daemon, count: int, timeout: float = 120.0, every: float = 0.01) -> None:
+    """Until the daemon has `count` sessions (`status` reads process RSS: not too often)."""
     deadline = time.monotonic() + timeout
     while (now := d.admin("status")["sessions"]) != count:
         if time.monotonic() > deadline:
             raise RuntimeError(f"daemon at {now} sessions, never at {count}")
-        time.sleep(0.01)
+        time.sleep(every)
 
 
 def settle(pid: int, quiet: float = 0.2, timeout: float = 30.0) -> None:
@@ -154,7 +155,7 @@ def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
     burst_start = time.perf_counter()
     for s, c in leaving:
         close(s, c)
-    wait_sessions(d, kept)
+    wait_sessions(d, kept, every=0.25)
     burst_end = time.perf_counter()
     time.sleep(0.2)
     stop.set()
