@@ -34,7 +34,7 @@ from _common import INIT, Daemon, LineConn, call_line, fake, median, pct, table,
 
 TICK = os.sysconf("SC_CLK_TCK")
 SERVERS = 5  # per session, as in the issue
-OPS = 100  # attaches (then detaches) measured at each size
+OPS = 200  # attaches (then detaches) measured at each size
 
 
 def cpu(pid: int) -> float:
@@ -95,6 +95,27 @@ def settle(pid: int, quiet: float = 0.2, timeout: float = 30.0) -> None:
 # -- the measurements ------------------------------------------------------------------------
 
 
+def status_cpu(d: Daemon, calls: int = 20) -> float:
+    """Daemon CPU seconds of one `status` (it walks every session: kept out of the figures)."""
+    before = cpu(d.proc.pid)
+    for _ in range(calls):
+        d.admin("status")
+    return (cpu(d.proc.pid) - before) / calls
+
+
+def wait_counted(d: Daemon, count: int) -> int:
+    """wait_sessions, polling slowly; returns how many `status` calls it made."""
+    polls = 0
+    deadline = time.monotonic() + 120.0
+    while True:
+        polls += 1
+        if d.admin("status")["sessions"] == count:
+            return polls
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"daemon never at {count} sessions")
+        time.sleep(0.5)
+
+
 def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
     out = []
     d = Daemon(servers())
@@ -105,16 +126,18 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
                 held.append(attach(d, f"idle{len(held)}"))
             wait_sessions(d, size)
             settle(d.proc.pid)
+            one_status = status_cpu(d)
+            settle(d.proc.pid)
             before = cpu(d.proc.pid)
+            # An attach is done when its initialize is answered: no status polling needed.
             extra = [attach(d, f"extra{i}") for i in range(OPS)]
-            wait_sessions(d, size + OPS)
             settle(d.proc.pid)
             mid = cpu(d.proc.pid)
             for s, c in extra:
                 close(s, c)
-            wait_sessions(d, size)
+            polls = wait_counted(d, size)
             settle(d.proc.pid)
-            after = cpu(d.proc.pid)
+            after = cpu(d.proc.pid) - polls * one_status
             # settle() leaves up to `quiet` s of idle CPU in each delta: negligible here.
             out.append(
                 {
@@ -252,7 +275,8 @@ def bridge_start(runs: int) -> dict[str, Any]:
     d = Daemon(servers(1))
     try:
         close(*attach(d, "warm"))  # the entry is up: a warm attach
-        times = []
+        times: list[float] = []
+        bare: list[float] = []
         for _ in range(runs):
             start = time.perf_counter()
             p = subprocess.Popen(
@@ -278,8 +302,7 @@ def bridge_start(runs: int) -> dict[str, Any]:
             times.append((time.perf_counter() - start) * 1000)
             p.stdin.close()
             p.wait(timeout=10)
-        bare = []
-        for _ in range(runs):
+            # Interleaved, so both see the same load: the same interpreter and site doing nothing.
             start = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], check=True)
             bare.append((time.perf_counter() - start) * 1000)
