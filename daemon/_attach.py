@@ -34,24 +34,26 @@ the client is gone (exit 0, quietly); SIGINT/SIGTERM exit 130/143 without a trac
 from __future__ import annotations
 
 import _socket
-import contextlib
 import fcntl
-import json
 import os
 import select
 import signal
 import stat
 import sys
 import time
-from pathlib import Path
 
+# `json`'s own modules (and `contextlib`, below) are start-up time of every client launch for
+# two C functions: _jsonlite calls them directly, with the same answers.
+from mcpool.daemon import _jsonlite as json
+
+# The `*_str` forms: pathlib is start-up time of every client launch too.
 from mcpool.daemon._paths import (
     UnsafeSocketPath,
     check_daemon_peer,
     check_socket_path,
-    config_path,
-    daemon_log_path,
-    socket_path,
+    config_path_str,
+    daemon_log_path_str,
+    socket_path_str,
 )
 from mcpool.daemon._waiter import exec_waiter
 
@@ -63,6 +65,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable
+    from pathlib import Path
     from types import FrameType
 
 # A cold daemon imports trio and msgspec and loads settings: well under a second normally, but a
@@ -184,11 +187,11 @@ def _reserve_stdio() -> None:
 
 def _run(opts: _Options) -> int:
     _reserve_stdio()
-    sock_path = socket_path(opts.socket)
+    sock_path = socket_path_str(opts.socket)
     if opts.settings:
         sources = [os.path.abspath(p) for p in opts.settings]
     else:
-        sources = [str(config_path(None))]
+        sources = [config_path_str(None)]
         local = os.path.abspath(".mcp.json")
         if os.path.exists(local):
             sources.append(local)
@@ -252,8 +255,6 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
     daemon expands the files' entries with them (daemon/_expand.py). One read and one regex
     scan per file; variables that are not set are left out (the daemon then uses the default
     or refuses the entry)."""
-    import re  # already loaded by json; the name binding is all this costs
-
     names: set[bytes] = set()
     for path in sources:
         try:
@@ -262,6 +263,8 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
         except OSError:
             continue  # missing or unreadable: the daemon reports it
         if b"${" in data:
+            import re  # only settings that reference variables pay for it
+
             names.update(re.findall(rb"\$\{([A-Za-z_][A-Za-z0-9_]*)(?=\}|:-)", data))
     env = {}
     for raw in names:
@@ -272,7 +275,7 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
     return env
 
 
-def _connect(path: Path) -> _socket.socket | None:
+def _connect(path: Path | str) -> _socket.socket | None:
     """A connection to our own daemon, or None when nobody listens. The folder, the socket file
     and then the listener's uid are checked before anything is sent (X3)."""
     try:
@@ -295,13 +298,13 @@ def _connect(path: Path) -> _socket.socket | None:
     return sock
 
 
-def spawn_daemon(path: Path) -> subprocess.Popen[bytes]:
+def spawn_daemon(path: Path | str) -> subprocess.Popen[bytes]:
     import subprocess  # only a cold start pays for it
 
     from mcpool.daemon._files import open_private
 
-    stderr_path = daemon_log_path(path).with_name("daemon.stderr")
-    stderr_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stderr_path = _stderr_path(path)
+    os.makedirs(os.path.dirname(stderr_path), mode=0o700, exist_ok=True)
     # The daemon's stderr can hold a traceback quoting settings: 0600, as its log.
     with os.fdopen(open_private(stderr_path, os.O_WRONLY | os.O_APPEND), "ab") as stderr:
         return subprocess.Popen(
@@ -317,9 +320,14 @@ def spawn_daemon(path: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def _stderr_path(path: Path | str) -> str:
+    """The daemon's stderr file, next to its log."""
+    return os.path.join(os.path.dirname(daemon_log_path_str(path)), "daemon.stderr")
+
+
 def connect_or_start(
-    path: Path,
-    spawn: Callable[[Path], subprocess.Popen[bytes]] = spawn_daemon,
+    path: Path | str,
+    spawn: Callable[[Path | str], subprocess.Popen[bytes]] = spawn_daemon,
     timeout: float = DAEMON_START_TIMEOUT,
 ) -> tuple[_socket.socket, subprocess.Popen[bytes] | None]:
     """Connect to the daemon, starting one if nobody answers. Returns the process we started."""
@@ -328,7 +336,7 @@ def connect_or_start(
         return sock, None
     proc = spawn(path)
     deadline = time.monotonic() + timeout
-    log = daemon_log_path(path).with_name("daemon.stderr")
+    log = _stderr_path(path)
     while True:
         sock = _connect(path)
         if sock is not None:
@@ -475,8 +483,10 @@ def relay(
         return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd, child)
     finally:
         # O_NONBLOCK lives on the open file description, which the client or a terminal shares.
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 (contextlib is import time of every client launch)
             fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags)
+        except OSError:
+            pass
 
 
 def _relay_loop(

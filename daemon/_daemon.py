@@ -111,6 +111,7 @@ from ._settings import (
 )
 from ._snapshots import FileSnapshotStore, describe_snapshot
 from ._watch import SettingsWatcher
+from ._watched import WatchedFiles
 
 # The attach request decodes through the admin boundary's typed decoder (no handler: the
 # connection code opens the session itself).
@@ -128,6 +129,12 @@ HANDOFF_DRAIN_BOUND = 1.0
 # On shutdown, the error answers to every in-flight call reach clients that still read within
 # this; one that stopped reading must not hold the shutdown.
 SHUTDOWN_DRAIN_BOUND = 1.0
+# Shutdown closes sessions in batches of this many, yielding between them: with thousands of
+# sessions the shutdown timeout can still cut in, and other tasks are not starved meanwhile.
+SHUTDOWN_CLOSE_BATCH = 100
+# Sessions whose clients left at once are closed this many per scheduler batch: a client closing
+# hundreds of sessions must not hold the loop from the sessions still calling (issue 17).
+DETACH_BATCH = 8
 # fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
 # is seen (MSG_CTRUNC) rather than silently cut.
 HANDOFF_FDS = 2
@@ -184,8 +191,11 @@ class Daemon:
         self.started = 0.0
         self.files: dict[str, LoadedFile] = {}
         self.sessions: dict[str, _SessionState] = {}
+        # The config plus every session's sources, counted per session (O(1) attach/detach).
+        self.watched = WatchedFiles([config_path])
         self.settings_generation = 0
         self.reload_gate = trio.Lock()
+        self._detach_pacer = trio.CapacityLimiter(DETACH_BATCH)
         self.stop_requested = trio.Event()
         self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
         self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
@@ -383,10 +393,7 @@ class Daemon:
             )
 
     def watched_files(self) -> set[str]:
-        paths = {self.config_path}
-        for st in self.sessions.values():
-            paths.update(st.sources)
-        return paths
+        return self.watched.files()
 
     async def reload(self, only: set[str] | None = None) -> list[dict[str, Any]]:
         """S7: re-read the files (all, or `only`), then reconcile the affected sessions, in
@@ -510,9 +517,11 @@ class Daemon:
                     self.listen.close()
                     with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
                         closing = list(self.sessions.values())
-                        for st in closing:
+                        for i, st in enumerate(closing, 1):
                             # Answers every request in flight with an error naming the reason.
                             st.session.close("the daemon is shutting down")
+                            if i % SHUTDOWN_CLOSE_BATCH == 0:
+                                await trio.lowlevel.checkpoint()  # the bound can cut in
                         with trio.move_on_after(SHUTDOWN_DRAIN_BOUND):
                             for st in closing:
                                 await st.session.out.wait_drained()
@@ -890,6 +899,7 @@ class Daemon:
                         data = await read_some(in_fd)
                         if not data:
                             client_closed = True
+                            await self._paced_detach()
                             break
                         try:
                             lines = framer.feed(data)
@@ -905,6 +915,12 @@ class Daemon:
         finally:
             self.close_session(state, "the client disconnected")
         return client_closed
+
+    async def _paced_detach(self) -> None:
+        """Wait for a turn to close: at most DETACH_BATCH closes run between two passes of the
+        loop over the other tasks (the turn is held across one checkpoint)."""
+        async with self._detach_pacer:
+            await trio.lowlevel.checkpoint()
 
     def _log_fault(self, where: str, exc: BaseException, **fields: Any) -> None:
         """An unexpected exception that a fence stopped: logged with its traceback."""
@@ -941,20 +957,21 @@ class Daemon:
         session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
         state = _SessionState(session, sources, via, env)
         self.sessions[session.id] = state
-        self.watcher.watch(self.watched_files())
+        if self.watched.add(sources):
+            self.watcher.watch(self.watched_files())
         self.log("info", "session attached", session=session.id, name=name, peer=peer)
         return state
 
     def close_session(self, state: _SessionState, reason: str) -> None:
         session = state.session
         session.close(reason)
-        self.sessions.pop(session.id, None)
-        watched = self.watched_files()
-        # A file no session reads any more is forgotten (it is read afresh if one attaches
-        # again): a daemon that lives for weeks must not keep every project it ever served.
-        for path in [p for p in self.files if p not in watched]:
-            del self.files[path]
-        self.watcher.watch(watched)
+        if self.sessions.pop(session.id, None) is state and self.watched.remove(state.sources):
+            watched = self.watched_files()
+            # A file no session reads any more is forgotten (it is read afresh if one attaches
+            # again): a daemon that lives for weeks must not keep every project it ever served.
+            for path in [p for p in self.files if p not in watched]:
+                del self.files[path]
+            self.watcher.watch(watched)
         self.log("info", "session detached", session=session.id, reason=session.close_reason)
 
     async def _serve_http(self) -> None:

@@ -19,7 +19,12 @@ import _socket
 import os
 import stat
 import sys
-from pathlib import Path
+
+# Not `pathlib` at import: it (with fnmatch, ntpath and urllib.parse) is start-up time of every
+# client launch. The bridge uses the `*_str` forms; the Path-returning ones import it when called.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Where the login manager (systemd-logind, elogind) puts each user's runtime folder. Looked at
 # when XDG_RUNTIME_DIR is unset, since several MCP clients drop it from a server's environment.
@@ -28,62 +33,101 @@ RUN_USER_BASE = "/run/user"
 RUN_USER_BASE_ENV = "MCPOOL_TEST_RUN_USER_BASE"
 
 
-def _explicit(value: str) -> Path:
+def _path(value: str) -> Path:
+    from pathlib import Path
+
+    return Path(value)
+
+
+def _root(path: str) -> str:
+    """The root `PurePosixPath` keeps: "/", "//" (exactly two, as POSIX allows), or none."""
+    if path.startswith("//") and not path.startswith("///"):
+        return "//"
+    return "/" if path.startswith("/") else ""
+
+
+def _join(*parts: str) -> str:
+    """`str(PurePosixPath(*parts))`: joined, empty and "." components dropped, and a later
+    absolute part restarting the path."""
+    root = ""
+    components: list[str] = []
+    for part in parts:
+        if part.startswith("/"):
+            root, components = _root(part), []
+        components.extend(c for c in part.split("/") if c and c != ".")
+    return root + "/".join(components) or "."
+
+
+def _home() -> str:
+    return os.path.expanduser("~")  # what Path.home() returns
+
+
+def _explicit(value: str) -> str:
     # The daemon does not share the caller's working directory (it is started in "/"), so a
     # relative --socket or $MCPOOL_SOCKET must be pinned down here, where it was meant.
-    return Path(os.path.abspath(os.path.expanduser(value)))
+    return _join(os.path.abspath(os.path.expanduser(value)))
 
 
-def _xdg(name: str) -> Path | None:
+def _xdg(name: str) -> str | None:
     value = os.environ.get(name, "")
-    return Path(value) if os.path.isabs(value) else None
+    return _join(value) if os.path.isabs(value) else None
 
 
 def socket_path(cli: str | None = None) -> Path:
+    return _path(socket_path_str(cli))
+
+
+def socket_path_str(cli: str | None = None) -> str:
     if cli:
         return _explicit(cli)
     if env := os.environ.get("MCPOOL_SOCKET"):
         return _explicit(env)
     if configured := _configured_socket():
         return _explicit(configured)
-    return default_socket_path()
+    return default_socket_path_str()
 
 
 def default_socket_path(run_user_base: str | None = None, *, use_environment: bool = True) -> Path:
+    return _path(default_socket_path_str(run_user_base, use_environment=use_environment))
+
+
+def default_socket_path_str(
+    run_user_base: str | None = None, *, use_environment: bool = True
+) -> str:
     """The socket without an explicit choice: `$XDG_RUNTIME_DIR/mcpool`, else
     `/run/user/<uid>/mcpool` when that runtime folder exists and is ours, else
     `/tmp/mcpool-<uid>`. `use_environment=False` leaves XDG_RUNTIME_DIR out: what a client that
     drops it from a server's environment finds."""
     if use_environment and (runtime := _xdg("XDG_RUNTIME_DIR")):
-        return runtime / "mcpool" / "daemon.sock"
+        return _join(runtime, "mcpool", "daemon.sock")
     uid = os.geteuid()
     base = run_user_base or os.environ.get(RUN_USER_BASE_ENV) or RUN_USER_BASE
-    run_user = Path(base) / str(uid)
+    run_user = _join(base, str(uid))
     try:
         st = os.lstat(run_user)
     except OSError:
         st = None
     if st is not None and _problem(run_user, st, uid) is None:
-        return run_user / "mcpool" / "daemon.sock"
-    return Path(f"/tmp/mcpool-{uid}") / "daemon.sock"
+        return _join(run_user, "mcpool", "daemon.sock")
+    return _join(f"/tmp/mcpool-{uid}", "daemon.sock")
 
 
 def client_socket_path() -> Path:
     """The socket a bridge finds when its client passes it none of the variables above: Codex
     and the SDK's default environment keep little more than HOME and PATH."""
-    configured = _configured_socket(Path.home() / ".config" / "mcpool" / "config.json")
+    configured = _configured_socket(_join(_home(), ".config", "mcpool", "config.json"))
     if configured:
-        return _explicit(configured)
+        return _path(_explicit(configured))
     return default_socket_path(use_environment=False)
 
 
-def _configured_socket(path: Path | None = None) -> str | None:
+def _configured_socket(path: Path | str | None = None) -> str | None:
     """`"daemon": {"socket": PATH}` in the user config, read with the stdlib (bridge start-up)."""
     try:
-        with open(path or config_path(None), "rb") as f:
-            import json
+        with open(path or config_path_str(None), "rb") as f:
+            from mcpool.daemon import _jsonlite  # not `json`: bridge start-up (_attach.py)
 
-            doc = json.loads(f.read() or b"{}")
+            doc = _jsonlite.loads(f.read() or b"{}")
     except (OSError, ValueError):
         return None
     daemon = doc.get("daemon") if isinstance(doc, dict) else None
@@ -92,36 +136,48 @@ def _configured_socket(path: Path | None = None) -> str | None:
 
 
 def config_path(cli: str | None = None) -> Path:
+    return _path(config_path_str(cli))
+
+
+def config_path_str(cli: str | None = None) -> str:
     if cli:
         return _explicit(cli)
     if env := os.environ.get("MCPOOL_CONFIG"):
         return _explicit(env)
     if config_home := _xdg("XDG_CONFIG_HOME"):
-        return config_home / "mcpool" / "config.json"
-    return Path.home() / ".config" / "mcpool" / "config.json"
+        return _join(config_home, "mcpool", "config.json")
+    return _join(_home(), ".config", "mcpool", "config.json")
 
 
 def state_dir() -> Path:
+    return _path(state_dir_str())
+
+
+def state_dir_str() -> str:
     if state_home := _xdg("XDG_STATE_HOME"):
-        return state_home / "mcpool"
-    return Path.home() / ".local" / "state" / "mcpool"
+        return _join(state_home, "mcpool")
+    return _join(_home(), ".local", "state", "mcpool")
 
 
 def snapshots_dir() -> Path:
     """Where discovery snapshots are kept across daemon restarts (a cache: losing it is safe)."""
     if cache_home := _xdg("XDG_CACHE_HOME"):
-        return cache_home / "mcpool" / "snapshots"
-    return Path.home() / ".cache" / "mcpool" / "snapshots"
+        return _path(_join(cache_home, "mcpool", "snapshots"))
+    return _path(_join(_home(), ".cache", "mcpool", "snapshots"))
 
 
 def lock_path(sock: Path) -> Path:
     return sock.with_name(sock.name + ".lock")
 
 
-def daemon_log_path(sock: Path) -> Path:
+def daemon_log_path(sock: Path | str) -> Path:
     """The daemon's own log. One per user for now; `sock` is taken so that a per-socket log can
     come later without changing callers."""
-    return state_dir() / "daemon.log"
+    return _path(daemon_log_path_str(sock))
+
+
+def daemon_log_path_str(sock: Path | str) -> str:
+    return _join(state_dir_str(), "daemon.log")
 
 
 # -- trust ----------------------------------------------------------------------------------------
@@ -134,7 +190,7 @@ class UnsafeSocketPath(Exception):
     and mode, and what to do."""
 
 
-def check_socket_dir(folder: Path) -> bool:
+def check_socket_dir(folder: Path | str) -> bool:
     """Whether `folder` exists (False: it does not); raises UnsafeSocketPath unless it is a real
     folder owned by us with mode 0700. One `lstat`: it never follows a symlink, and it is all
     the bridge's start pays. Only the last component is checked: the parent is either ours
@@ -184,10 +240,10 @@ def prepare_socket_dir(sock: Path) -> None:
     check_socket_dir(folder)
 
 
-def check_socket_path(sock: Path) -> None:
+def check_socket_path(sock: Path | str) -> None:
     """A client's side, before it connects: the folder is ours (or missing, and the daemon will
     create it) and so is the socket file when there is one."""
-    if not check_socket_dir(sock.parent):
+    if not check_socket_dir(_parent(sock)):
         return
     try:
         st = os.lstat(sock)
@@ -203,7 +259,17 @@ def check_socket_path(sock: Path) -> None:
         )
 
 
-def check_daemon_peer(sock: _socket.socket, path: Path) -> None:
+def _parent(path: Path | str) -> str:
+    """`str(Path(path).parent)`."""
+    whole = _join(os.fspath(path))
+    root = _root(whole)
+    rest = whole[len(root) :]
+    if "/" in rest:
+        return root + rest.rsplit("/", 1)[0]
+    return root or "."
+
+
+def check_daemon_peer(sock: _socket.socket, path: Path | str) -> None:
     """Right after connect, before anything is sent: the listening process runs as our uid."""
     creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
     pid = int.from_bytes(creds[0:4], sys.byteorder, signed=True)
@@ -216,7 +282,7 @@ def check_daemon_peer(sock: _socket.socket, path: Path) -> None:
         )
 
 
-def _problem(folder: Path, st: os.stat_result, uid: int) -> str | None:
+def _problem(folder: Path | str, st: os.stat_result, uid: int) -> str | None:
     """What makes `folder` (its `lstat`) unfit to hold our socket, or None."""
     if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not stat.S_IMODE(st.st_mode) & 0o077:
         return None  # the common case, without a user-database lookup

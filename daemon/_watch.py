@@ -17,18 +17,23 @@ What is watched is a `WatchPlan`, planned from the files and the disk as they ar
   existing ancestor, for the creation of the next folder down;
 - a watched folder that is deleted or moved away (its inotify watch dies with it, even if a
   new folder of the same name appears at once) restarts the watch over a new plan.
-Nothing polls: an idle daemon only wakes for events in the folders it watches.
+Nothing polls: an idle daemon only wakes for events in the folders it watches (on Linux the
+inotify fd is read by trio when the kernel has events, daemon/_inotify.py; elsewhere watchfiles,
+whose loop wakes every STEP_MS).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import trio
+
+from ._inotify import Inotify
 
 # watchfiles groups changes arriving within DEBOUNCE_MS of each other and polls its queue every
 # STEP_MS. Editors write a file in a burst of a few ms; this keeps write-to-reload well under the
@@ -200,8 +205,10 @@ class SettingsWatcher:
         self._changed = trio.Event()
         self._stop: anyio.Event | None = None
         self.closed = False
-        # How many times awatch has been (re)started: tests wait on it.
+        # How many times the watch has been (re)started: tests wait on it.
         self.starts = 0
+        # Linux inotify, read only when it has events (daemon/_inotify.py); False: watchfiles.
+        self.use_inotify = True
 
     @property
     def folders(self) -> set[str]:
@@ -269,8 +276,6 @@ class SettingsWatcher:
             self._restart()
 
     async def _watch_folders(self) -> None:
-        from watchfiles import awatch
-
         retry = WATCH_RETRY_INITIAL
         while not self.closed:
             self._replan()
@@ -284,14 +289,8 @@ class SettingsWatcher:
             if self._nursery is not None and self._stale is not None:
                 self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             try:
-                async for changes in awatch(
-                    *folders,
-                    debounce=DEBOUNCE_MS,
-                    step=STEP_MS,
-                    stop_event=self._stop,
-                    recursive=False,
-                ):
-                    self._seen({path for _, path in changes})
+                async for paths in self._changes(folders, self._stop):
+                    self._seen(paths)
                     retry = WATCH_RETRY_INITIAL
             except OSError as exc:
                 # Never the end of hot reload: a file's folder can vanish between planning and
@@ -304,6 +303,44 @@ class SettingsWatcher:
                     # Writes during the gap had no watch to report them.
                     self.batcher.add(missed)
             self._stop = None
+
+    async def _changes(self, folders: list[str], stop: anyio.Event) -> AsyncIterator[set[str]]:
+        """Batches of changed paths in `folders` until `stop`: inotify where there is one (no
+        wake-up while idle), else watchfiles (which wakes every STEP_MS)."""
+        try:
+            ino = Inotify.open(folders) if self.use_inotify else None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EMFILE, errno.ENFILE, errno.ENOSPC):
+                raise  # a folder gone since planning: plan again (the caller retries)
+            ino = None  # no inotify here, or out of instances or watches: watchfiles polls
+        if ino is None:
+            from watchfiles import awatch
+
+            async for changes in awatch(
+                *folders,
+                debounce=DEBOUNCE_MS,
+                step=STEP_MS,
+                stop_event=stop,
+                recursive=False,
+            ):
+                yield {path for _, path in changes}
+            return
+        try:
+            while not stop.is_set():
+                paths: set[str] | None = None
+                async with trio.open_nursery() as nursery:
+
+                    async def until_stopped() -> None:
+                        await stop.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(until_stopped)
+                    paths = await ino.read()
+                    nursery.cancel_scope.cancel()
+                if paths:
+                    yield paths
+        finally:
+            ino.close()
 
     def _note(self, level: str, message: str, **fields: Any) -> None:
         if self._log is not None:

@@ -24,6 +24,7 @@ from msgspec import Raw, UnsetType
 
 from mcpool.protocol import Message
 
+from ._shared import SharedCounts
 from ._spec import ServerSettings, TransportIdentity
 
 if TYPE_CHECKING:
@@ -174,11 +175,12 @@ class Handle:
     """One session's lease on one entry. Identity and settings are captured copies (I2)."""
 
     __slots__ = (
+        "_log_level",
         "entry",
+        "handle_id",
         "identity",
         "in_flight",
         "listener",
-        "log_level",
         "released",
         "session_id",
         "settings",
@@ -202,9 +204,22 @@ class Handle:
         # Requests of this session now at the upstream: how server-to-client requests from a
         # shared handshake-era upstream find their session (P5).
         self.in_flight = 0
-        self.log_level: str | None = None
+        self._log_level: str | None = None
         # A set only once the session subscribes to something (most never do).
         self.subscriptions: set[str] | frozenset[str] = _NO_URIS
+        # Its key in entry.handles while it holds a lease there (PoolEntry.add_handle); only
+        # then does it count in the entry's shared level and subscriptions.
+        self.handle_id: int | None = None
+
+    @property
+    def log_level(self) -> str | None:
+        return self._log_level
+
+    @log_level.setter
+    def log_level(self, level: str | None) -> None:
+        if self.handle_id is not None:
+            self.entry.shared.move_level(self._log_level, level)
+        self._log_level = level
 
     @property
     def lifecycle_id(self) -> str:
@@ -220,6 +235,8 @@ class PoolEntry:
         self.settings = settings
         self.state = EntryState.SPAWNING
         self.handles: dict[int, Handle] = {}
+        # The member handles' levels and subscriptions, counted (O(1) detach, pool/_shared.py).
+        self.shared = SharedCounts()
         self.snapshot = Snapshot(generation=0)
         self.upstream: Upstream | None = None
         self.ready = trio.Event()  # set after the first attempt, successful or not
@@ -305,27 +322,46 @@ class PoolEntry:
 
     # -- shared upstream state (P6, logging levels) ----------------------------------------------
 
+    def add_handle(self, handle_id: int, handle: Handle) -> None:
+        """A lease: the handle joins, and its level and subscriptions count from now."""
+        handle.handle_id = handle_id
+        self.handles[handle_id] = handle
+        self.shared.join(handle.log_level, handle.subscriptions)
+
+    def remove_handle(self, handle: Handle) -> list[str]:
+        """The lease ends; returns the URIs no member holds any more (to unsubscribe)."""
+        if handle.handle_id is None or self.handles.get(handle.handle_id) is not handle:
+            return []
+        del self.handles[handle.handle_id]
+        handle.handle_id = None
+        return self.shared.leave(handle.log_level, handle.subscriptions)
+
     def subscribe(self, handle: Handle, uri: str) -> bool:
         """Reference-count a resource subscription; True when the upstream must be told."""
-        first = not any(uri in h.subscriptions for h in self.handles.values())
+        if uri in handle.subscriptions:
+            return False  # held already: counted once per handle
         if not isinstance(handle.subscriptions, set):
             handle.subscriptions = set()
         handle.subscriptions.add(uri)
-        return first
+        if handle.handle_id is None:
+            return not self.shared.held(uri)
+        return self.shared.hold(uri)
 
     def unsubscribe(self, handle: Handle, uri: str) -> bool:
         """True when this was the last subscriber and the upstream must be told."""
-        if isinstance(handle.subscriptions, set):
-            handle.subscriptions.discard(uri)
-        return not any(uri in h.subscriptions for h in self.handles.values())
+        if uri not in handle.subscriptions or not isinstance(handle.subscriptions, set):
+            return not self.shared.held(uri)
+        handle.subscriptions.discard(uri)
+        if handle.handle_id is None:
+            return not self.shared.held(uri)
+        return self.shared.drop(uri)
 
     def subscribed_uris(self) -> set[str]:
-        return {uri for h in self.handles.values() for uri in h.subscriptions}
+        return self.shared.uris()
 
     def effective_log_level(self) -> str | None:
         """The most verbose level any session asked for (each session filters its own)."""
-        levels = [h.log_level for h in self.handles.values() if h.log_level in LOG_LEVELS]
-        return min(levels, key=LOG_LEVELS.index) if levels else None
+        return self.shared.effective_level()
 
     def register_progress(self, handle: Handle, token: Any) -> str:
         """P3: a token unique on this upstream, mapped back to the session's own token."""

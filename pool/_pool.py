@@ -247,7 +247,7 @@ class Pool:
             entry.restart_requested.set()
         handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
         was_idle = entry.leases == 0
-        entry.handles[next(self._handle_ids)] = handle
+        entry.add_handle(next(self._handle_ids), handle)
         if was_idle:
             entry.leased_since = trio.current_time()
             entry.move_deadline(math.inf)
@@ -352,15 +352,10 @@ class Pool:
         handle.released = True
         entry = handle.entry
         level_before = entry.effective_log_level()
-        uris = set(handle.subscriptions)
-        for hid, h in list(entry.handles.items()):
-            if h is handle:
-                del entry.handles[hid]
-                break
+        unheld = entry.remove_handle(handle)  # O(1): counts, not a pass over the handles
         upstream = entry.upstream
         if upstream is not None and upstream.alive:
-            remaining = entry.subscribed_uris()
-            for uri in uris - remaining:
+            for uri in unheld:
                 upstream.send_request("resources/unsubscribe", _json({"uri": uri}), _ignore)
             level = entry.effective_log_level()
             if level is not None and level != level_before:

@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mcpool.protocol import canonical_bytes
-
+from ._canoncache import canonical_of
+from ._changes import change_set
 from ._view import Projection, restrict
 
 if TYPE_CHECKING:
@@ -89,7 +89,8 @@ class Aggregate:
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
         # Per list kind: sorted (key, canonical bytes) pairs; equal <=> canonically equal (S4).
         self.canonical: dict[str, tuple[tuple[str, bytes], ...]] = {}
-        # Encoded first pages, filled lazily by sessions (a cache, not state).
+        # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
+        # (a cache, not state).
         self.encoded: dict[str, bytes] = {}
 
 
@@ -184,7 +185,8 @@ class RegistryGeneration:
     def changed_kinds(self, previous: RegistryGeneration) -> list[str]:
         if self.agg is previous.agg:
             return []
-        return [k for k in LIST_KINDS if self.canonical[k] != previous.canonical[k]]
+        # Once per pair of aggregates, however many sessions make the same move.
+        return list(change_set(previous.agg, self.agg, LIST_KINDS))
 
     def instructions(self) -> str | None:
         parts = []
@@ -206,16 +208,16 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
         found = {
-            "tools": {exposed: canonical_bytes(t) for exposed, _, t in proj.tools},
-            "prompts": {exposed: canonical_bytes(p) for exposed, _, p in proj.prompts},
+            "tools": {exposed: canonical_of(t) for exposed, _, t in proj.tools},
+            "prompts": {exposed: canonical_of(p) for exposed, _, p in proj.prompts},
             "resources": {
                 **{
-                    r["uri"]: canonical_bytes(r)
+                    r["uri"]: canonical_of(r)
                     for r in proj.resources
                     if isinstance(r.get("uri"), str)
                 },
                 **{
-                    "template:" + t["uriTemplate"]: canonical_bytes(t)
+                    "template:" + t["uriTemplate"]: canonical_of(t)
                     for t in proj.resource_templates
                     if isinstance(t.get("uriTemplate"), str)
                 },

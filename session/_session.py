@@ -1148,9 +1148,15 @@ class Session:
         cursor = t.cursor
         offset = _offset(cursor) if cursor is not None else 0
         modern = self.era is MODERN
-        # The first page is encoded once per generation and era (a modern one carries more).
+        # Each page is encoded once per aggregate, era (a modern one carries more), page size
+        # and offset. Only offsets the daemon issues are cached (page boundaries within the
+        # list, and 0): a client's made-up cursors cannot grow the cache.
+        size = self.page_size
+        cacheable = offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
         key = f"{kind}@{MODERN if modern else 'handshake'}/{self.page_size}"
-        if offset == 0:
+        if offset:
+            key = f"{key}+{offset}"
+        if cacheable:
             cached = gen.encoded.get(key)
             if cached is not None:
                 rid = request_id(msg)
@@ -1159,12 +1165,12 @@ class Session:
         page = items[offset : offset + self.page_size]
         result: dict[str, Any] = {field: page}
         if offset + self.page_size < len(items):
-            # The first page is cached on the shared aggregate: no per-session value in it.
+            # Pages are cached on the shared aggregate: no per-session value in them.
             result["nextCursor"] = _cursor(offset + self.page_size)
         if modern:
             result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
         encoded = _encoder.encode(result)
-        if offset == 0:
+        if cacheable:
             gen.encoded[key] = encoded
         rid = request_id(msg)
         self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(encoded))) + b"\n")

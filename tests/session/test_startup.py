@@ -59,6 +59,7 @@ def new_session(
     nursery: trio.Nursery, pool: Pool, sid: str = "s1", logs: list[str] | None = None
 ) -> tuple[Session, FakeWriter]:
     out = FakeWriter()
+
     def log(text: str, level: str = "warning") -> None:
         # The session logs at a level (debug for each generation): the tests read the text.
         if logs is not None:

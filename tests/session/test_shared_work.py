@@ -1,0 +1,218 @@
+"""Work shared by the sessions that hold one aggregate (issue 17): every page of a list cached
+per aggregate, era and page size, and the change set between two aggregates computed once.
+
+Each cached answer must equal what the uncached computation gives: the same pages, the same
+cursors, the same list_changed notifications per session.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcpool.pool import Pool, PoolEntry, ServerSettings
+from mcpool.protocol import canonical_bytes
+from mcpool.session import Session, _canoncache
+from mcpool.session._canoncache import canonical_of
+from mcpool.session._changes import change_set
+from mcpool.session._registry import LIST_KINDS
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": "init",
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+async def attach(
+    nursery: trio.Nursery,
+    pool: Pool,
+    servers: dict[str, ServerSettings],
+    sid: str,
+    *,
+    page_size: int = 500,
+) -> tuple[Session, FakeWriter]:
+    out = FakeWriter()
+    session = Session(sid, name=sid, cwd=None, pool=pool, out=out, page_size=page_size)
+    nursery.start_soon(session.run_notifier)
+    want = {name: desired(name, s) for name, s in servers.items()}
+    await session.apply_settings(want, 1)
+    session.handle_line(json.dumps(INITIALIZE).encode())
+    session.handle_line(json.dumps(INITIALIZED).encode())
+    await trio.testing.wait_all_tasks_blocked()
+    out.frames.clear()
+    return session, out
+
+
+def ask(session: Session, out: FakeWriter, method: str, params: dict[str, Any]) -> Any:
+    out.frames.clear()
+    session.handle_line(
+        json.dumps({"jsonrpc": "2.0", "id": 9, "method": method, "params": params}).encode()
+    )
+    (reply,) = [f for f in out.frames if f.get("id") == 9]
+    return reply
+
+
+def walk(session: Session, out: FakeWriter, method: str, field: str) -> list[Any]:
+    """Every page of a list, following the cursors."""
+    pages: list[Any] = []
+    params: dict[str, Any] = {}
+    for _ in range(100):
+        result = ask(session, out, method, params)["result"]
+        pages.append(result)
+        if "nextCursor" not in result:
+            return pages
+        params = {"cursor": result["nextCursor"]}
+    raise AssertionError("the cursors never ended")
+
+
+def expected_pages(items: list[Any], field: str, size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, max(len(items), 1), size)]
+
+
+def entry_of(session: Session, name: str) -> PoolEntry:
+    handle = session.views[name].handle
+    assert handle is not None
+    return handle.entry
+
+
+def publish(entry: PoolEntry, **changes: Any) -> None:
+    snap = entry.snapshot
+    entry.publish(msgspec.structs.replace(snap, generation=snap.generation + 1, **changes))
+
+
+async def test_every_page_served_from_the_cache_equals_the_uncached_pages(
+    nursery: trio.Nursery,
+) -> None:
+    net = FakeNet(srv=FakeServer([tool(f"t{i:02}") for i in range(23)]))
+    pool = make_pool(nursery, net)
+    servers = {"srv": stdio()}
+    first, first_out = await attach(nursery, pool, servers, "a", page_size=7)
+    second, second_out = await attach(nursery, pool, servers, "b", page_size=7)
+    assert first.registry.agg is second.registry.agg
+    items = list(json.loads(msgspec.json.encode(first.registry.tools)))
+
+    cold = walk(first, first_out, "tools/list", "tools")  # fills the cache
+    warm = walk(second, second_out, "tools/list", "tools")  # served from it
+    assert cold == warm
+    assert [p["tools"] for p in warm] == expected_pages(items, "tools", 7)
+    assert len(warm) == 4 and "nextCursor" not in warm[-1]
+    assert len(first.registry.encoded) == 4  # one per page
+
+    # A cursor the daemon never issued (mid-page) is answered correctly and not cached.
+    mid = base64.urlsafe_b64encode(b"o:3").decode()
+    reply = ask(second, second_out, "tools/list", {"cursor": mid})["result"]
+    assert reply["tools"] == items[3:10]
+    past = base64.urlsafe_b64encode(b"o:700").decode()
+    assert ask(second, second_out, "tools/list", {"cursor": past})["result"]["tools"] == []
+    assert len(first.registry.encoded) == 4
+
+    # A change of the list: the new aggregate's pages, never the old cache.
+    entry = entry_of(first, "srv")
+    publish(entry, tools=tuple(tool(f"n{i:02}") for i in range(9)))
+    await trio.testing.wait_all_tasks_blocked()
+    new_items = list(json.loads(msgspec.json.encode(second.registry.tools)))
+    assert [t["name"] for t in new_items] == [f"srv__n{i:02}" for i in range(9)]
+    for session, out in ((first, first_out), (second, second_out)):
+        pages = walk(session, out, "tools/list", "tools")
+        assert [p["tools"] for p in pages] == expected_pages(new_items, "tools", 7)
+
+
+async def test_other_page_sizes_and_kinds_have_their_own_pages(nursery: trio.Nursery) -> None:
+    server = FakeServer([tool(f"t{i}") for i in range(10)])
+    pool = make_pool(nursery, FakeNet(srv=server))
+    servers = {"srv": stdio()}
+    small, small_out = await attach(nursery, pool, servers, "a", page_size=3)
+    large, large_out = await attach(nursery, pool, servers, "b", page_size=4)
+    assert small.registry.agg is large.registry.agg
+    items = list(json.loads(msgspec.json.encode(small.registry.tools)))
+    for _ in range(2):  # cold, then warm
+        assert [p["tools"] for p in walk(small, small_out, "tools/list", "tools")] == (
+            expected_pages(items, "tools", 3)
+        )
+        assert [p["tools"] for p in walk(large, large_out, "tools/list", "tools")] == (
+            expected_pages(items, "tools", 4)
+        )
+    prompts = walk(small, small_out, "prompts/list", "prompts")
+    assert prompts == [{"prompts": []}]
+
+
+async def test_many_sessions_on_one_aggregate_each_hear_of_a_change_once(
+    nursery: trio.Nursery,
+) -> None:
+    pool = make_pool(nursery, FakeNet(srv=FakeServer([tool("a"), tool("b")])))
+    attached = [await attach(nursery, pool, {"srv": stdio()}, f"s{i}") for i in range(50)]
+    # One session on a different policy: another previous aggregate, its own change set.
+    _narrow, narrow_out = await attach(nursery, pool, {"srv": stdio(includeTools=["b"])}, "n")
+    entry = entry_of(attached[0][0], "srv")
+
+    publish(entry, tools=(tool("b"), tool("a")))  # a reorder: canonically no change
+    await trio.testing.wait_all_tasks_blocked()
+    assert all(out.notifications() == [] for _, out in attached)
+    assert narrow_out.notifications() == []
+
+    publish(entry, tools=(tool("a", "changed"), tool("b")))  # only "a" changed
+    await trio.testing.wait_all_tasks_blocked()
+    for _, out in attached:
+        assert out.notifications() == ["notifications/tools/list_changed"]
+    assert narrow_out.notifications() == []  # its view (only "b") did not change
+    assert len({s.registry.agg for s, _ in attached}) == 1
+
+    publish(entry, tools=(tool("a", "changed"), tool("b", "changed")))
+    await trio.testing.wait_all_tasks_blocked()
+    assert narrow_out.notifications() == ["notifications/tools/list_changed"]
+
+
+def test_a_change_set_is_the_kinds_whose_canonical_form_differs() -> None:
+    class Agg:
+        def __init__(self, **canonical: Any) -> None:
+            self.canonical = {k: canonical.get(k, ()) for k in LIST_KINDS}
+
+    old = Agg(tools=(("a", b"1"),), prompts=(("p", b"1"),))
+    new = Agg(tools=(("a", b"2"),), prompts=(("p", b"1"),), resources=(("r", b"1"),))
+    assert change_set(old, new, LIST_KINDS) == ("tools", "resources")
+    assert change_set(old, new, LIST_KINDS) == ("tools", "resources")  # remembered
+    assert change_set(new, old, LIST_KINDS) == ("tools", "resources")
+    assert change_set(new, new, LIST_KINDS) == ()
+    same = Agg(tools=(("a", b"2"),), prompts=(("p", b"1"),), resources=(("r", b"1"),))
+    assert change_set(new, same, LIST_KINDS) == ()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=20,
+)
+
+
+@given(st.lists(json_values, max_size=6))
+def test_cached_canonical_bytes_are_the_computed_ones(items: list[Any]) -> None:
+    for item in items + items:  # the second pass is served from the table
+        assert canonical_of(item) == canonical_bytes(item)
+    # Key order and set-like keyword order in a tool's schema make no difference, as for
+    # canonical_bytes (an item's inputSchema is a schema, S4).
+    schema = {"name": "t", "inputSchema": {"type": ["string", "null"], "required": ["b", "a"]}}
+    reordered = {"inputSchema": {"required": ["a", "b"], "type": ["null", "string"]}, "name": "t"}
+    assert canonical_of(schema) == canonical_of(reordered) == canonical_bytes(schema)
+
+
+def test_a_full_table_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_canoncache, "MAX_CACHED_BYTES", 200)
+    monkeypatch.setattr(_canoncache, "_table", {})
+    monkeypatch.setattr(_canoncache, "_held", 0)
+    for i in range(50):
+        item = {"name": f"t{i}", "inputSchema": {"type": "object"}}
+        assert canonical_of(item) == canonical_bytes(item)
+        assert _canoncache._held <= 200
+    assert canonical_of({1, 2}) == canonical_bytes({1, 2})  # not JSON-encodable: computed
