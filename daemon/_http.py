@@ -49,6 +49,7 @@ from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    META_PROTOCOL_VERSION,
     METHOD_NOT_FOUND,
     MODERN_VERSIONS,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -442,9 +443,9 @@ def _rpc_error(status: int, code: int, message: str, reason: str, msg_id: Any = 
     return _Reply(status, body, [("content-type", "application/json")])
 
 
-# Every version the endpoint serves, newest first: the modern era per request, the handshake era
-# through initialize (the `supported` list of an UnsupportedProtocolVersionError).
-SERVED_VERSIONS: tuple[str, ...] = (*reversed(MODERN_VERSIONS), *reversed(HANDSHAKE_VERSIONS))
+# Every version the endpoint accepts in MCP-Protocol-Version: the handshake era's (negotiated by
+# initialize) and the modern era's (per request).
+SERVED_VERSIONS: frozenset[str] = frozenset((*MODERN_VERSIONS, *HANDSHAKE_VERSIONS))
 
 
 def _unsupported_version(version: str, msg_id: Any) -> _Reply:
@@ -453,7 +454,8 @@ def _unsupported_version(version: str, msg_id: Any) -> _Reply:
         msg_id,
         UNSUPPORTED_PROTOCOL_VERSION,
         "Unsupported protocol version",
-        {"supported": list(SERVED_VERSIONS), "requested": version},
+        # What server/discover lists (its supportedVersions): the versions a request can name.
+        {"supported": list(reversed(MODERN_VERSIONS)), "requested": version},
     ).rstrip(b"\n")
     return _Reply(400, body, [("content-type", "application/json")])
 
@@ -466,9 +468,23 @@ def modern_refusal(version: str | None, msg: Message, headers: dict[str, str]) -
     (400) (streamable-http, "Request Metadata" and "Server Validation").
     """
     msg_id = msg.id if msg.id is not UNSET else None
+    try:
+        params = decode_params(msg.params) if msg.params is not UNSET else {}
+    except McpoolError:
+        params = {}  # the session answers a malformed params object itself
+    meta = params.get("_meta")
+    declared = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+    if version is not None and isinstance(declared, str) and declared != version:
+        return _rpc_error(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch",
+            f"MCP-Protocol-Version {version} does not match the body's protocol version {declared}",
+            msg_id,
+        )
     if version is not None and version not in SERVED_VERSIONS:
         return _unsupported_version(version, msg_id)
-    if version not in MODERN_VERSIONS or not isinstance(msg.method, str):
+    if version not in MODERN_VERSIONS or not msg.is_request or not isinstance(msg.method, str):
         return None
     if msg.method in REMOVED_AT_MODERN:
         return _rpc_error(
@@ -478,10 +494,6 @@ def modern_refusal(version: str | None, msg: Message, headers: dict[str, str]) -
             f"{msg.method} is not part of protocol {version}",
             msg_id,
         )
-    try:
-        params = decode_params(msg.params) if msg.params is not UNSET else {}
-    except McpoolError:
-        return None  # the session answers a malformed params object itself
     why = header_mismatch(msg.method, params, headers)
     if why is not None:
         return _rpc_error(400, HEADER_MISMATCH, "Header mismatch", why, msg_id)

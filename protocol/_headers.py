@@ -30,9 +30,11 @@ NAME_HEADER = "mcp-name"
 PARAM_HEADER_PREFIX = "Mcp-Param-"
 # The params member mirrored as `Mcp-Name`, per method (the spec's "Standard Request Headers").
 NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-# Legacy-era methods 2026-07-28 removed (changelog, major changes 2 and 5): a request for one at
-# that revision is an unknown method (-32601, HTTP 404), not served under legacy semantics.
-REMOVED_AT_MODERN = frozenset({"initialize", "ping", "logging/setLevel"})
+# Legacy-era methods 2026-07-28 removed (changelog, major changes 2, 4 and 5): a request for one
+# at that revision is an unknown method (-32601, HTTP 404), not served under legacy semantics.
+REMOVED_AT_MODERN = frozenset(
+    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
 
 # The HTTP status of a JSON-RPC error at 2026-07-28 (streamable-http: 400 for unsupported
 # version, header mismatch, missing capability; 404 with -32601 for an unknown method). Other
@@ -148,16 +150,21 @@ def param_headers(annotated: dict[tuple[str, ...], str], arguments: Any) -> dict
 
 
 def header_mismatch(method: str, params: Any, headers: dict[str, str]) -> str | None:
-    """Why the standard headers a server was sent (lowercase names) disagree with the body;
-    None when they agree. A missing `Mcp-Method` is not refused (pre-release clients of this
-    revision omit it); one that is present must match, as must a present `Mcp-Name`."""
+    """Why the standard headers of a request a server was sent (lowercase names, values
+    trimmed) disagree with its body, or are missing ("Server Validation"); None when they agree.
+    `Mcp-Name` is required when the body names something."""
     sent = headers.get(METHOD_HEADER)
-    if sent is not None and sent != method:
+    if sent is None:
+        return "the Mcp-Method header is missing"
+    if sent != method:
         return f"the Mcp-Method header {sent!r} does not match the body's method {method!r}"
     key = NAME_BEARING.get(method)
+    body = params.get(key) if key is not None and isinstance(params, dict) else None
+    if body is None:
+        return None
     name = headers.get(NAME_HEADER)
-    if key is not None and name is not None and isinstance(params, dict):
-        body = params.get(key)
-        if decode_header_value(name) != body:
-            return f"the Mcp-Name header does not match the body's {key} {body!r}"
+    if name is None:
+        return f"the Mcp-Name header is missing (the body's {key} is {body!r})"
+    if decode_header_value(name) != body:
+        return f"the Mcp-Name header does not match the body's {key} {body!r}"
     return None

@@ -61,7 +61,8 @@ def sse_messages(text: str) -> list[dict[str, Any]]:
 async def test_modern_errors_carry_400_and_404(daemon_factory: DaemonFactory) -> None:
     _daemon, port = await http_daemon(daemon_factory)
 
-    for msg_id, method in enumerate(("initialize", "ping", "logging/setLevel", "no/such"), 1):
+    removed = ("initialize", "ping", "logging/setLevel", "resources/subscribe", "no/such")
+    for msg_id, method in enumerate(removed, 1):
         params = {"level": "info"} if method == "logging/setLevel" else {}
         reply = await post(port, body(msg_id, method, params))
         assert reply.status_code == 404, (method, reply.text)
@@ -81,6 +82,32 @@ async def test_modern_errors_carry_400_and_404(daemon_factory: DaemonFactory) ->
     assert reply.status_code == 400, reply.text
     assert reply.json()["id"] == 8 and reply.json()["error"]["code"] == -32020
 
+    # A missing Mcp-Method, or a missing Mcp-Name when the body names a tool: 400 too.
+    async with httpx2.AsyncClient(timeout=STEP_TIMEOUT) as client:
+        reply = await client.post(
+            f"http://127.0.0.1:{port}/mcp",
+            content=json.dumps(body(10, "tools/list")),
+            headers={
+                "content-type": "application/json",
+                "accept": "application/json, text/event-stream",
+                "mcp-protocol-version": MODERN,
+            },
+        )
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == -32020, reply.text
+    reply = await post(port, body(11, "tools/call", {"name": "fake__echo", "arguments": {}}))
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == -32020, reply.text
+    named = body(12, "tools/call", {"name": "fake__echo", "arguments": {"text": "hi"}})
+    reply = await post(port, named, **{"mcp-name": "fake__echo"})
+    assert reply.status_code == 200, reply.text
+    assert [m["id"] for m in sse_messages(reply.text) if "id" in m] == [12]
+
+    # The body's protocol version differs from the header's: HeaderMismatch, not -32022.
+    other = body(13, "tools/list")
+    other["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "v999.0.0"
+    reply = await post(port, other)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == -32020, reply.text
+    assert reply.json()["id"] == 13
+
     # A request that succeeds is still a 200 stream with its result.
     reply = await post(port, body(9, "tools/list"))
     assert reply.status_code == 200, reply.text
@@ -93,19 +120,21 @@ async def test_unsupported_version_names_the_request_and_what_is_served(
     daemon_factory: DaemonFactory,
 ) -> None:
     _daemon, port = await http_daemon(daemon_factory)
-    reply = await post(port, body(42, "tools/list"), version="1900-01-01")
+    message = body(42, "tools/list")
+    message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "1900-01-01"
+    reply = await post(port, message, version="1900-01-01")
     assert reply.status_code == 400, reply.text
     error = reply.json()
     assert error["id"] == 42, error
     assert error["error"]["code"] == -32022
     assert error["error"]["data"]["requested"] == "1900-01-01"
     supported = error["error"]["data"]["supported"]
-    assert supported[0] == MODERN and "2025-11-25" in supported, supported
+    assert supported == [MODERN], supported  # what server/discover lists
 
-    # In the body only (the header names a served version): the session's own -32022, 400.
-    message = body(43, "tools/list")
-    message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "1900-01-01"
-    reply = await post(port, message)
+    # Both header and body name it (the suite's probe): the same answer.
+    message = body(43, "server/discover")
+    message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "v999.0.0"
+    reply = await post(port, message, version="v999.0.0")
     assert reply.status_code == 400, reply.text
     assert reply.json()["id"] == 43 and reply.json()["error"]["code"] == -32022
-    assert MODERN in reply.json()["error"]["data"]["supported"]
+    assert reply.json()["error"]["data"] == {"supported": [MODERN], "requested": "v999.0.0"}
