@@ -1008,6 +1008,9 @@ class Session:
             raise initialize_refused(p)
         else:
             env = check_envelope(p)
+        if "inputResponses" in p and not isinstance(p["inputResponses"], dict):
+            # MRTR "Error Handling": a retry's inputResponses must be an InputResponses object.
+            raise InvalidParams("params.inputResponses must be an object (InputResponses)")
         self.protocol_version = env.version
         self.client_capabilities = env.capabilities
         if env.client_info is not None and env.client_info != self.client_info:

@@ -138,3 +138,14 @@ async def test_unsupported_version_names_the_request_and_what_is_served(
     assert reply.status_code == 400, reply.text
     assert reply.json()["id"] == 43 and reply.json()["error"]["code"] == -32022
     assert reply.json()["error"]["data"] == {"supported": [MODERN], "requested": "v999.0.0"}
+
+
+async def test_a_retry_whose_input_responses_is_not_an_object_is_invalid_params(
+    daemon_factory: DaemonFactory,
+) -> None:
+    _daemon, port = await http_daemon(daemon_factory)
+    for msg_id, bad in enumerate((7, None, ["x"]), 1):
+        params = {"name": "fake__echo", "arguments": {"text": "x"}, "inputResponses": bad}
+        reply = await post(port, body(msg_id, "tools/call", params), **{"mcp-name": "fake__echo"})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["id"] == msg_id and reply.json()["error"]["code"] == -32602
