@@ -1008,9 +1008,11 @@ class Session:
             raise initialize_refused(p)
         else:
             env = check_envelope(p)
-        if "inputResponses" in p and not isinstance(p["inputResponses"], dict):
-            # MRTR "Error Handling": a retry's inputResponses must be an InputResponses object.
-            raise InvalidParams("params.inputResponses must be an object (InputResponses)")
+        answers = p.get("inputResponses", {})
+        if not isinstance(answers, dict) or not all(isinstance(a, dict) for a in answers.values()):
+            # MRTR "Error Handling": a retry's inputResponses is an InputResponses object, each
+            # of its answers a result object (sampling, elicitation or roots).
+            raise InvalidParams("params.inputResponses must be an object of result objects")
         self.protocol_version = env.version
         self.client_capabilities = env.capabilities
         if env.client_info is not None and env.client_info != self.client_info:

@@ -144,7 +144,7 @@ async def test_a_retry_whose_input_responses_is_not_an_object_is_invalid_params(
     daemon_factory: DaemonFactory,
 ) -> None:
     _daemon, port = await http_daemon(daemon_factory)
-    for msg_id, bad in enumerate((7, None, ["x"]), 1):
+    for msg_id, bad in enumerate((7, None, ["x"], {"user_name": 12345}), 1):
         params = {"name": "fake__echo", "arguments": {"text": "x"}, "inputResponses": bad}
         reply = await post(port, body(msg_id, "tools/call", params), **{"mcp-name": "fake__echo"})
         assert reply.status_code == 400, reply.text
