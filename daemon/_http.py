@@ -49,11 +49,21 @@ from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    META_PROTOCOL_VERSION,
+    METHOD_NOT_FOUND,
     MODERN_VERSIONS,
+    UNSUPPORTED_PROTOCOL_VERSION,
     McpoolError,
     Message,
     decode,
+    decode_params,
     error_response,
+)
+from mcpool.protocol._headers import (
+    HEADER_MISMATCH,
+    REMOVED_AT_MODERN,
+    error_status,
+    header_mismatch,
 )
 
 if TYPE_CHECKING:
@@ -104,6 +114,11 @@ class Stream:
         self.outbox = outbox
         self.kind = kind  # "post" or "get"
         self.json = json  # JSON response mode: only responses, sent together at the end
+        # 2026-07-28: a request answered by an error alone gets that error as a plain JSON body
+        # with the status its code requires (400/404), so the head waits for the first message.
+        self.modern = False
+        self.touched = False
+        self.error_reply: tuple[int, bytes] | None = None
         self.waiting: set[tuple[str, Any]] = set()
         self.tokens: set[tuple[str, Any]] = set()
         self.responses: list[bytes] = []
@@ -114,6 +129,7 @@ class Stream:
     def put(self, line: bytes) -> None:
         if self.closed:
             return
+        self.touched = True
         chunk = line if self.json else b"event: message\ndata: " + line + b"\n\n"
         self.queued += len(chunk)
         self.outbox.queued += len(chunk)
@@ -198,6 +214,11 @@ class SessionOutbox:
             for stream in self.streams:
                 if key in stream.waiting:
                     stream.waiting.discard(key)
+                    status = _error_status(msg) if stream.modern else 200
+                    if status != 200 and not stream.touched and not stream.waiting:
+                        stream.error_reply = (status, line)
+                        stream.close()
+                        return
                     if stream.json:
                         stream.responses.append(line)
                     else:
@@ -264,6 +285,17 @@ def _usable_token(token: Any) -> Any:
     if isinstance(token, str | int | float) and not isinstance(token, bool):
         return token
     return None
+
+
+def _error_status(msg: Message) -> int:
+    """The HTTP status a 2026-07-28 response must carry (200 unless it is such an error)."""
+    if msg.error is UNSET:
+        return 200
+    try:
+        error = _decoder.decode(msg.error)
+    except msgspec.DecodeError:
+        return 200
+    return error_status(error.get("code")) if isinstance(error, dict) else 200
 
 
 def _encode(msg: Message) -> bytes:
@@ -409,6 +441,63 @@ def _reason(status: int) -> bytes:
 def _rpc_error(status: int, code: int, message: str, reason: str, msg_id: Any = None) -> _Reply:
     body = error_response(msg_id, code, message, {"reason": reason}).rstrip(b"\n")
     return _Reply(status, body, [("content-type", "application/json")])
+
+
+# Every version the endpoint accepts in MCP-Protocol-Version: the handshake era's (negotiated by
+# initialize) and the modern era's (per request).
+SERVED_VERSIONS: frozenset[str] = frozenset((*MODERN_VERSIONS, *HANDSHAKE_VERSIONS))
+
+
+def _unsupported_version(version: str, msg_id: Any) -> _Reply:
+    """400 with -32022 naming what is served (streamable-http, "Protocol Version Header")."""
+    body = error_response(
+        msg_id,
+        UNSUPPORTED_PROTOCOL_VERSION,
+        "Unsupported protocol version",
+        # What server/discover lists (its supportedVersions): the versions a request can name.
+        {"supported": list(reversed(MODERN_VERSIONS)), "requested": version},
+    ).rstrip(b"\n")
+    return _Reply(400, body, [("content-type", "application/json")])
+
+
+def modern_refusal(version: str | None, msg: Message, headers: dict[str, str]) -> _Reply | None:
+    """The endpoint's own answer to a single request before any session sees it, or None.
+
+    An unknown MCP-Protocol-Version is -32022 (400) with the request's id; at 2026-07-28 the
+    methods that revision removed are -32601 (404), and headers contradicting the body -32020
+    (400) (streamable-http, "Request Metadata" and "Server Validation").
+    """
+    msg_id = msg.id if msg.id is not UNSET else None
+    try:
+        params = decode_params(msg.params) if msg.params is not UNSET else {}
+    except McpoolError:
+        params = {}  # the session answers a malformed params object itself
+    meta = params.get("_meta")
+    declared = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+    if version is not None and isinstance(declared, str) and declared != version:
+        return _rpc_error(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch",
+            f"MCP-Protocol-Version {version} does not match the body's protocol version {declared}",
+            msg_id,
+        )
+    if version is not None and version not in SERVED_VERSIONS:
+        return _unsupported_version(version, msg_id)
+    if version not in MODERN_VERSIONS or not msg.is_request or not isinstance(msg.method, str):
+        return None
+    if msg.method in REMOVED_AT_MODERN:
+        return _rpc_error(
+            404,
+            METHOD_NOT_FOUND,
+            "Method not found",
+            f"{msg.method} is not part of protocol {version}",
+            msg_id,
+        )
+    why = header_mismatch(msg.method, params, headers)
+    if why is not None:
+        return _rpc_error(400, HEADER_MISMATCH, "Header mismatch", why, msg_id)
+    return None
 
 
 class HttpEndpoint:
@@ -623,10 +712,8 @@ class HttpEndpoint:
             raise _Reply(404, b"not found: mcpool serves MCP at /mcp")
         method = request.method.decode()
         version = headers.get("mcp-protocol-version")
-        if version is not None and version not in (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS):
-            raise _rpc_error(
-                400, INVALID_REQUEST, "Bad Request", f"unsupported MCP-Protocol-Version {version}"
-            )
+        if method != "POST" and version is not None and version not in SERVED_VERSIONS:
+            raise _unsupported_version(version, None)
         if method == "POST":
             return await self._post(stream, conn, headers, body, peer_loopback)
         if method == "GET":
@@ -683,6 +770,11 @@ class HttpEndpoint:
                 [("content-type", "application/json")],
             ) from None
         messages = decoded if isinstance(decoded, list) else [decoded]
+        version = headers.get("mcp-protocol-version")
+        for msg in messages:
+            refusal = modern_refusal(version, msg, headers)
+            if refusal is not None:
+                raise refusal
         requests = [m for m in messages if m.is_request]
         extra: list[tuple[str, str]] = []
         hs = self._session_of(headers, required=False)
@@ -704,6 +796,7 @@ class HttpEndpoint:
             hs.touch()
             return _Reply(202, b"", extra)
         out = Stream(hs.outbox, kind="post", json=not sse)
+        out.modern = hs.ephemeral and len(requests) == 1
         hs.outbox.open(out, requests)
         hs.touch()
         hs.session.handle_line(body)
@@ -745,8 +838,21 @@ class HttpEndpoint:
         """Write `out` as the response body until it closes or the client goes away."""
         import h11
 
+        first: bytes | None = None
+        if out.modern:
+            # The head waits for the first message: an error alone has its own status.
+            with contextlib.suppress(trio.EndOfChannel):
+                first = await out.receive.receive()
+            if first is None and out.error_reply is not None:
+                status, body = out.error_reply
+                await self._send_plain(
+                    stream,
+                    conn,
+                    _Reply(status, body, [("content-type", "application/json"), *extra]),
+                )
+                return
         if out.json:
-            chunks = [chunk async for chunk in out.receive]
+            chunks = [*([first] if first is not None else []), *[c async for c in out.receive]]
             for chunk in chunks:
                 out.sent(chunk)
             await self._send_plain(
@@ -787,6 +893,9 @@ class HttpEndpoint:
                     conn.receive_data(data)
 
             nursery.start_soon(watch)
+            if first is not None:
+                await self._send(stream, conn, h11.Data(data=first))
+                out.sent(first)
             async for chunk in out.receive:
                 await self._send(stream, conn, h11.Data(data=chunk))
                 out.sent(chunk)

@@ -82,9 +82,28 @@ def envelope(
     return meta
 
 
-def discover_params(client_info: dict[str, Any]) -> dict[str, Any]:
+def discover_params(
+    client_info: dict[str, Any], version: str = MODERN_VERSIONS[-1]
+) -> dict[str, Any]:
     """The probe's params. mcpool's own requests declare no client capabilities."""
-    return {"_meta": envelope(client_info, {})}
+    return {"_meta": envelope(client_info, {}, version=version)}
+
+
+def retry_version(error: Any) -> str | None:
+    """The version to probe again at after an UnsupportedProtocolVersionError (-32022): the
+    newest modern version mcpool speaks among its `supported`, or None when there is none.
+
+    A -32022 is a modern server's answer (2026-07-28 versioning, "Backward Compatibility"): the
+    client retries at a version from that list rather than falling back to `initialize`.
+    """
+    if not isinstance(error, dict) or error.get("code") != UNSUPPORTED_PROTOCOL_VERSION:
+        return None
+    data = error.get("data")
+    supported = data.get("supported") if isinstance(data, dict) else None
+    if not isinstance(supported, list):
+        return None
+    mutual = [v for v in MODERN_VERSIONS if v in supported]
+    return mutual[-1] if mutual else None
 
 
 def stamp(params: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +208,7 @@ __all__ = [
     "envelope",
     "listen_filter",
     "locked_modern",
+    "retry_version",
     "stamp",
     "wrap_output_schemas",
     "wrap_structured",

@@ -40,7 +40,14 @@ import msgspec
 import trio
 from msgspec import UNSET, Raw, UnsetType
 
-from mcpool.protocol import MODERN_VERSION, McpoolError, Message, UpstreamUnavailable
+from mcpool.protocol import (
+    META_PROTOCOL_VERSION,
+    MODERN_VERSION,
+    McpoolError,
+    Message,
+    UpstreamUnavailable,
+)
+from mcpool.protocol._headers import header_params, param_headers, standard_headers
 
 from . import _eras, _oauth
 from ._oauth import NeedsLogin
@@ -122,6 +129,8 @@ class HttpUpstream(Upstream):
         self._related: int | None = None
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
         self.needs_login: NeedsLogin | None = None  # the server wants `daemonctl login`
+        # Modern era: each listed tool's `x-mcp-header` arguments, mirrored as Mcp-Param-*.
+        self._param_annotations: dict[str, dict[tuple[str, ...], str]] = {}
 
     # -- the transport (what Upstream asks of it) -------------------------------------------
 
@@ -157,6 +166,52 @@ class HttpUpstream(Upstream):
             self._drop(f"has more than {UPSTREAM_WRITE_BUFFER} bytes waiting to be sent")
             return
         self._outbox_wake.set()
+
+    def screen_tools(self, tools: list[Any], *, first_page: bool) -> list[Any]:
+        """2026-07-28 on HTTP: a tool whose `x-mcp-header` annotations break the spec's rules
+        is left out of the list (with a note naming it and why); the others' annotations are
+        kept for the Mcp-Param-* headers of their calls."""
+        if first_page:
+            self._param_annotations = {}
+        kept: list[Any] = []
+        for tool in tools:
+            name = tool.get("name") if isinstance(tool, dict) else None
+            if not isinstance(name, str):
+                kept.append(tool)  # not a tool mcpool can list: the registry reports it
+                continue
+            found = header_params(tool.get("inputSchema"))
+            if isinstance(found, str):
+                self._note(f"tool {name!r} left out: {found}")
+                continue
+            if found:
+                self._param_annotations[name] = found
+            kept.append(tool)
+        return kept
+
+    def _request_headers(self, method: str, body: bytes) -> dict[str, str]:
+        """2026-07-28 request metadata (streamable-http): the version the body's `_meta`
+        declares, Mcp-Method, Mcp-Name and a tool call's Mcp-Param-* headers."""
+        try:
+            message = _any_decoder.decode(body)
+        except msgspec.DecodeError:
+            return {}
+        params = message.get("params") if isinstance(message, dict) else None
+        headers = standard_headers(method, params)
+        if not isinstance(params, dict):
+            return headers
+        meta = params.get("_meta")
+        version = meta.get(META_PROTOCOL_VERSION) if isinstance(meta, dict) else None
+        if isinstance(version, str):
+            headers["mcp-protocol-version"] = version
+        name = params.get("name")
+        annotations = (
+            self._param_annotations.get(name)
+            if method == "tools/call" and isinstance(name, str)
+            else None
+        )
+        if annotations:
+            headers.update(param_headers(annotations, params.get("arguments")))
+        return headers
 
     def _details(self) -> dict[str, Any]:
         return {"url": redact_url(self.url), "transport": self.identity.kind, "log": self._tail()}
@@ -259,6 +314,13 @@ class HttpUpstream(Upstream):
         uid = head.id if isinstance(head.method, str) and isinstance(head.id, int) else None
         url = self._endpoint or self.url
         headers = {**self._headers(head.method), "content-type": _MIME_JSON}
+        if (
+            uid is not None
+            and isinstance(head.method, str)
+            and self.identity.kind == "http"
+            and (self.era == _eras.MODERN or head.method == "server/discover")
+        ):
+            headers.update(self._request_headers(head.method, body))
         sent_session = headers.get("mcp-session-id")
         last: dict[str, Any] = {}  # the response stream's last event id, as it is read
         ended = False  # the server ended the response normally (not broken, not cancelled)

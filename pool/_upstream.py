@@ -273,6 +273,11 @@ class Upstream:
             with trio.move_on_at(next_deadline):
                 await self._deadline_wake.wait()
 
+    def screen_tools(self, tools: list[Any], *, first_page: bool) -> list[Any]:
+        """A modern upstream's listed tools as the transport accepts them (HTTP: see
+        `HttpUpstream.screen_tools`); every one on stdio."""
+        return tools
+
     def prepare(self, params: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
         """Stamp a forwarded request for a modern-era server (the caller checked the era).
 
@@ -418,7 +423,9 @@ class Upstream:
         if self.era is _eras.MODERN and method == "tools/list" and isinstance(result, dict):
             tools = result.get("tools")
             if isinstance(tools, list):
-                result["tools"], wrapped = _eras.wrap_output_schemas(tools)
+                result["tools"], wrapped = _eras.wrap_output_schemas(
+                    self.screen_tools(tools, first_page=not (params or {}).get("cursor"))
+                )
                 # Each page adds its names; a relist starts from the first page (no cursor).
                 self.wrapped_outputs = (
                     wrapped if not (params or {}).get("cursor") else self.wrapped_outputs | wrapped
@@ -466,18 +473,27 @@ class Upstream:
         self.send_notification("notifications/initialized")
 
     async def _probe(self) -> bool:
-        """Ask `server/discover`; True (and the era set) when the answer is modern evidence."""
-        try:
-            result = await self.call(
-                "server/discover",
-                _eras.discover_params(_client_info()),
-                timeout=min(PROBE_TIMEOUT, self._handshake_timeout),
-                cancellable=False,
-            )
-        except UpstreamClosed:
-            raise
-        except McpoolError:
-            return False
+        """Ask `server/discover`; True (and the era set) when the answer is modern evidence.
+
+        A -32022 naming a version mcpool speaks is asked again, once, at that version (a modern
+        server said so: falling back to `initialize` would be wrong)."""
+        version = MODERN_VERSION
+        for attempt in range(2):
+            try:
+                result = await self.call(
+                    "server/discover",
+                    _eras.discover_params(_client_info(), version),
+                    timeout=min(PROBE_TIMEOUT, self._handshake_timeout),
+                    cancellable=False,
+                )
+                break
+            except UpstreamClosed:
+                raise
+            except McpoolError as exc:
+                again = _eras.retry_version(exc.data.get("error"))
+                if again is None or attempt:
+                    return False
+                version = again
         found = _eras.discovered(result)
         if found is None:
             return False

@@ -260,6 +260,13 @@ class _InFlight:
             s._fault(f"the answer from server '{self.entry.name}'", exc)
 
 
+# Methods 2026-07-28 removed (its changelog): unknown methods in a modern session, on every
+# transport (`initialize` has its own answer, `initialize_refused`).
+_REMOVED_AT_MODERN = frozenset(
+    {"ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
+
+
 def request_id(msg: Message) -> JsonRpcId:
     """The id of a message already known to be a request."""
     assert isinstance(msg.id, int | str)
@@ -1008,6 +1015,13 @@ class Session:
             raise initialize_refused(p)
         else:
             env = check_envelope(p)
+        if method in _REMOVED_AT_MODERN:
+            raise MethodNotFound(method, f"{method} is not part of protocol {env.version}")
+        answers = p.get("inputResponses", {})
+        if not isinstance(answers, dict) or not all(isinstance(a, dict) for a in answers.values()):
+            # MRTR "Error Handling": a retry's inputResponses is an InputResponses object, each
+            # of its answers a result object (sampling, elicitation or roots).
+            raise InvalidParams("params.inputResponses must be an object of result objects")
         self.protocol_version = env.version
         self.client_capabilities = env.capabilities
         if env.client_info is not None and env.client_info != self.client_info:

@@ -25,6 +25,7 @@ class WireServer:
         poll: bool = False,
         tools: list[Any] | None = None,
         modern: bool = False,
+        refuse_discover: int = 0,
     ) -> None:
         self.unauthorized = unauthorized
         self.poll = poll
@@ -33,6 +34,10 @@ class WireServer:
         # without inputResponses with an input_required result asking for an elicitation.
         self.modern = modern
         self.envelopes: list[Any] = []  # modern: each tools/call's `_meta` envelope
+        # modern: the first `refuse_discover` server/discover requests get a 400 with -32022
+        # naming 2026-07-28 as supported (a modern server the client must ask again).
+        self.refuse_discover = refuse_discover
+        self.posts: list[tuple[dict[str, str], Any]] = []  # every POST's headers and body
         self.port = 0
         self.gets: list[dict[str, str]] = []
         self.parked: list[Any] = []  # poll: the ids of calls whose stream ended unanswered
@@ -56,12 +61,24 @@ class WireServer:
             elif method == "DELETE":
                 await _send(stream, 200, b"")
             else:
-                await self._post(stream, json.loads(body))
+                msg = json.loads(body)
+                self.posts.append((headers, msg))
+                await self._post(stream, msg)
 
     async def _post(self, stream: trio.SocketStream, msg: dict[str, Any]) -> None:
         rid, method = msg.get("id"), msg.get("method")
         if rid is None:
             await _send(stream, 202, b"")
+        elif method == "server/discover" and self.modern and self.refuse_discover:
+            self.refuse_discover -= 1
+            requested = msg["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"]
+            error = {
+                "code": -32022,
+                "message": "Unsupported protocol version",
+                "data": {"supported": ["2026-07-28"], "requested": requested},
+            }
+            body = json.dumps({"jsonrpc": "2.0", "id": rid, "error": error}).encode()
+            await _send(stream, 400, body, {"content-type": "application/json"})
         elif method == "server/discover" and self.modern:
             result = {
                 "supportedVersions": ["2025-11-25", "2026-07-28"],

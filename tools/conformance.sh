@@ -66,9 +66,12 @@ XDG_STATE_HOME=$WORK/state XDG_CONFIG_HOME=$WORK/config XDG_RUNTIME_DIR=$WORK/ru
 PIDS+=($!)
 wait_listening "$MCPOOL_PORT" "${PIDS[-1]}" "$WORK/daemon.log"
 
+# CONFORMANCE_JS: another build of the suite (default: the pinned one of .peers);
+# CONFORMANCE_ARGS: more arguments to `server`, e.g. "--requirements 2026-07-28".
 run_suite() { # name, url
-  timeout "$CHECK_TIMEOUT" "$PEER_NODE22" "$PEER_CONFORMANCE_JS" server --url "$2" \
-    -o "$WORK/$1" >"$WORK/$1.txt" 2>&1 || true
+  # shellcheck disable=SC2086
+  timeout "$CHECK_TIMEOUT" "$PEER_NODE22" "${CONFORMANCE_JS:-$PEER_CONFORMANCE_JS}" server \
+    --url "$2" ${CONFORMANCE_ARGS:-} -o "$WORK/$1" >"$WORK/$1.txt" 2>&1 || true
 }
 run_suite direct "http://127.0.0.1:$DIRECT_PORT/mcp"
 run_suite mcpool "http://127.0.0.1:$MCPOOL_PORT/mcp"

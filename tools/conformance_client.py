@@ -50,6 +50,22 @@ def _arguments(schema: Any) -> dict[str, Any]:
     return args
 
 
+def _planned_calls() -> list[tuple[str, dict[str, Any]]]:
+    """The tool calls the scenario's context asks for, if any."""
+    try:
+        context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT", "{}"))
+    except ValueError:
+        return []
+    calls = context.get("toolCalls") if isinstance(context, dict) else None
+    if not isinstance(calls, list):
+        return []
+    return [
+        (c["name"], c.get("arguments") or {})
+        for c in calls
+        if isinstance(c, dict) and isinstance(c.get("name"), str)
+    ]
+
+
 async def _drive(sock: Path, config: Path, env: dict[str, str]) -> None:
     params = StdioServerParameters(
         command=sys.executable,
@@ -62,16 +78,16 @@ async def _drive(sock: Path, config: Path, env: dict[str, str]) -> None:
             print(f"initialized: {init.server_info.name} {init.protocol_version}")
             tools = (await session.list_tools()).tools
             print(f"tools: {[t.name for t in tools]}")
-            for tool in tools:
-                result = await session.call_tool(
-                    tool.name,
-                    _arguments(tool.input_schema),
-                    read_timeout_seconds=CALL_TIMEOUT,
-                )
+            # A scenario may name the calls it wants (MCP_CONFORMANCE_CONTEXT's toolCalls, e.g.
+            # http-custom-headers' values to encode); otherwise each tool is called once.
+            planned = _planned_calls()
+            calls = planned or [(tool.name, _arguments(tool.input_schema)) for tool in tools]
+            for name, arguments in calls:
+                result = await session.call_tool(name, arguments, read_timeout_seconds=CALL_TIMEOUT)
                 text = [getattr(c, "text", "") for c in result.content]
-                print(f"called {tool.name}: is_error={result.is_error} {text}")
+                print(f"called {name}: is_error={result.is_error} {text}")
                 if result.is_error:
-                    raise SystemExit(f"{tool.name} failed: {text}")
+                    raise SystemExit(f"{name} failed: {text}")
 
 
 def main(argv: list[str]) -> int:

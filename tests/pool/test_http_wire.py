@@ -161,3 +161,78 @@ async def test_malformed_listed_items_are_left_out_and_reported(nursery: trio.Nu
     )
     assert logged == [f"server 'odd': {snapshot.notes[0]}"]
     await pool.aclose()
+
+
+# Issue 18, item 2: a 2026-07-28 HTTP upstream gets the revision's request metadata headers.
+REGION = {
+    "name": "query",
+    "inputSchema": {
+        "type": "object",
+        "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "where": {
+                "type": "object",
+                "properties": {"shard": {"type": "integer", "x-mcp-header": "Shard"}},
+            },
+            "note": {"type": "string", "x-mcp-header": "Note"},
+        },
+    },
+}
+# x-mcp-header on an array's items: not statically reachable, so the tool is invalid on HTTP.
+BAD_HEADER = {
+    "name": "bad",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"xs": {"type": "array", "items": {"type": "string", "x-mcp-header": "X"}}},
+    },
+}
+
+
+async def test_modern_requests_carry_the_standard_and_parameter_headers(
+    nursery: trio.Nursery,
+) -> None:
+    server = WireServer(modern=True, tools=[SAY, REGION, BAD_HEADER])
+    await server.serve(nursery)
+    pool = Pool(nursery, PoolOptions())
+    settings = ServerSettings(type="http", url=server.url)
+    ident = identity_of("modern", settings)
+    with trio.fail_after(WAIT):
+        handle = await pool.acquire(ident, settings, "a", Listener())
+    assert handle.entry.upstream is not None and handle.entry.upstream.era == "modern"
+    # The tool whose annotation breaks the rules is left out of the list, the others kept.
+    assert [t["name"] for t in handle.entry.snapshot.tools] == ["say", "query"]
+    arguments = {"region": "us-west1", "where": {"shard": 7}, "note": "Hello, 世界"}
+    await _call(handle, "query", arguments)
+
+    by_method = {msg["method"]: headers for headers, msg in server.posts if "id" in msg}
+    discover = by_method["server/discover"]
+    assert discover["mcp-method"] == "server/discover"
+    assert discover["mcp-protocol-version"] == "2026-07-28"
+    assert by_method["tools/list"]["mcp-method"] == "tools/list"
+    assert "mcp-name" not in by_method["tools/list"]
+    call = by_method["tools/call"]
+    assert call["mcp-method"] == "tools/call"
+    assert call["mcp-name"] == "query"
+    assert call["mcp-protocol-version"] == "2026-07-28"
+    assert call["mcp-param-region"] == "us-west1"
+    assert call["mcp-param-shard"] == "7"
+    assert call["mcp-param-note"] == "=?base64?SGVsbG8sIOS4lueVjA==?="  # the spec's example
+    await pool.aclose()
+
+
+async def test_a_32022_naming_a_version_mcpool_speaks_is_discovered_again(
+    nursery: trio.Nursery,
+) -> None:
+    server = WireServer(modern=True, refuse_discover=1)
+    await server.serve(nursery)
+    pool = Pool(nursery, PoolOptions())
+    settings = ServerSettings(type="http", url=server.url)
+    ident = identity_of("again", settings)
+    with trio.fail_after(WAIT):
+        handle = await pool.acquire(ident, settings, "a", Listener())
+    assert handle.entry.upstream is not None, handle.entry.last_error
+    assert handle.entry.upstream.era == "modern"
+    methods = [msg.get("method") for _headers, msg in server.posts]
+    assert methods[:2] == ["server/discover", "server/discover"], methods
+    assert "initialize" not in methods
+    await pool.aclose()

@@ -457,3 +457,23 @@ async def test_a_2025_03_26_batch_gets_one_array(nursery: trio.Nursery) -> None:
     # Afterwards, single requests are answered alone again.
     send(session, {"jsonrpc": "2.0", "id": 4, "method": "ping"})
     assert json.loads(raw[-1]) == {"jsonrpc": "2.0", "id": 4, "result": {}}
+
+
+async def test_methods_2026_07_28_removed_are_unknown_in_a_modern_session(
+    nursery: trio.Nursery,
+) -> None:
+    rig = Rig(nursery, srv=FakeServer([tool("a")], resources=[{"uri": "r://1", "name": "one"}]))
+    session, out = await rig.session()
+    send(session, modern("ping", "first"))  # even as the request that opens the era
+    assert answer(out, "first")["error"]["code"] == -32601
+    for msg_id, (method, params) in enumerate(
+        [
+            ("ping", {}),
+            ("logging/setLevel", {"level": "info"}),
+            ("resources/subscribe", {"uri": "r://1"}),
+        ]
+    ):
+        send(session, modern(method, msg_id, **params))
+        assert answer(out, msg_id)["error"]["code"] == -32601, method
+    send(session, modern("tools/list", "ok"))
+    assert "result" in answer(out, "ok")
