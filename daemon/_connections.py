@@ -1,0 +1,553 @@
+"""The socket side: accepting connections (fenced), a connection's first message, attach and the
+stdio hand-off, serving a session's lines, the bridge sockets and the HTTP endpoint's start.
+
+A room of `Daemon` (daemon/_daemon.py): the rooms form one chain of base classes,
+_core <- _hosting <- _admin_api <- _explain <- _connections <- _daemon, each using only what
+the rooms below it define.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import socket
+import stat
+import struct
+import sys
+import time
+from typing import Any
+
+import trio
+
+from mcpool import __version__
+from mcpool.pool import (
+    READ_CHUNK,
+    FdWriter,
+    WriterClosed,
+    read_some,
+)
+from mcpool.protocol import (
+    ATTACH_FAILED,
+    LineFramer,
+    McpoolError,
+    Message,
+    MessageTooLarge,
+    error_response,
+    notification,
+    response,
+)
+from mcpool.session import (
+    Session,
+    new_session_id,
+    request_id,
+)
+
+from . import _admin
+from ._admin_api import RESTART_WAIT, _forced_failure, _tail, _tree_rss  # noqa: F401
+from ._core import EXIT_STOPPED, _SessionState  # noqa: F401
+from ._explain import Explainer
+from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
+
+# The attach request decodes through the admin boundary's typed decoder (no handler: the
+# connection code opens the session itself).
+_ATTACH = _admin.Command(_admin.AttachParams, "attach")
+
+
+FIRST_MESSAGE_TIMEOUT = 30.0  # a connection that says nothing is dropped after this
+
+
+# After a refusal or an oversized message: time for the peer to read the error and close first.
+CLOSE_LINGER = 1.0
+
+
+# A handed-off session's last replies reach a client that is still reading within this; one that
+# stopped reading must not hold the bridge (and the client waiting on it) open.
+HANDOFF_DRAIN_BOUND = 1.0
+
+
+# fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
+# is seen (MSG_CTRUNC) rather than silently cut.
+HANDOFF_FDS = 2
+
+
+EXIT_FAILED = 1  # an unexpected error (logged with its traceback), or a failure that stopped it
+
+
+async def _recv_with_fds(raw: socket.socket, fds: list[int]) -> bytes:
+    """`read_some` for a connection's first message, which may carry fds (SCM_RIGHTS); they are
+    appended to `fds`, close-on-exec so that no upstream we spawn inherits a client's pipe."""
+    space = socket.CMSG_SPACE((HANDOFF_FDS + 1) * 4)
+    while True:
+        await trio.lowlevel.wait_readable(raw.fileno())
+        try:
+            data, ancdata, _flags, _addr = raw.recvmsg(READ_CHUNK, space, socket.MSG_CMSG_CLOEXEC)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(
+                    int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4)
+                )
+        return data
+
+
+def _usable_stdio(fds: list[int]) -> bool:
+    """Exactly a readable and a writable end of pipes or sockets: what a bridge hands over."""
+    if len(fds) != HANDOFF_FDS:
+        return False
+    try:
+        modes = [os.fstat(fd).st_mode for fd in fds]
+    except OSError:
+        return False
+    return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
+
+
+class _BridgeSockets:
+    """The sockets of handed-off sessions' bridges, all watched by one task through one epoll
+    set: a bridge that exits (or is killed) closes its socket, and that ends its session, so a
+    client's server process and its session live and die together. A task per session would
+    cost ~3 KB each; this costs a dict entry."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._sessions: dict[int, Session] = {}
+
+    def add(self, fd: int, session: Session) -> None:
+        self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        self._sessions[fd] = session
+
+    def remove(self, fd: int) -> None:
+        if self._sessions.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
+
+    async def run(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+            for fd, _events in self._epoll.poll(0):
+                session = self._sessions.get(fd)
+                if session is None:
+                    continue
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # a bridge sends nothing after its attach request but its end
+                    self.remove(fd)
+                    session.close("the attach bridge exited")
+
+    def close(self) -> None:
+        self._epoll.close()
+
+
+async def _linger_close(fd: int) -> None:
+    """Half-close, then discard what the peer still sends until it closes (bounded).
+
+    Closing a socket with unread input makes the kernel reset the connection: the peer's send
+    fails with EPIPE and its read with ECONNRESET instead of the error line followed by EOF.
+    """
+    try:
+        with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as dup:
+            dup.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    with trio.move_on_after(CLOSE_LINGER):
+        while await read_some(fd):
+            pass
+
+
+def _at_fd_limit(first: Message) -> bytes:
+    """The answer to a session that came in on the fd reserve, which is kept for admin calls."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return error_response(
+        request_id(first),
+        ATTACH_FAILED,
+        "The daemon is at its open-file limit",
+        {"reason": f"RLIMIT_NOFILE is {soft}; see `daemonctl status` and `daemonctl sessions`"},
+    )
+
+
+class ConnectionServer(Explainer):
+    async def _accept_loop(self) -> None:
+        reserved = False  # the next connection is accepted with the fd reserve's room
+        failing = False
+        async with trio.open_nursery() as nursery:
+            while True:
+                listener = self.listen.listener
+                assert listener is not None
+                try:
+                    conn, _ = await listener.accept()
+                except trio.ClosedResourceError:
+                    if self.listen.closed:
+                        return  # shutdown closed the listener
+                    continue  # re-created: accept on the new one
+                except OSError as exc:
+                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                        continue  # that peer left while it was being accepted
+                    if exc.errno in (errno.EMFILE, errno.ENFILE) and self.fd_reserve.release():
+                        self.log(
+                            "warning",
+                            f"accept failed at the open-file limit ({exc.strerror}): the fd "
+                            "reserve lets one admin connection in",
+                        )
+                        reserved = True
+                        continue
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        if not failing:  # once per run of failures, not ten lines a second
+                            self.log("error", f"accept failed: {exc}")
+                        failing = True
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                failing = False
+                nursery.start_soon(self._serve_fenced, conn, reserved)
+                reserved = False
+
+    async def _serve_fenced(self, tsock: trio.socket.SocketType, reserved: bool) -> None:
+        """One connection's task: whatever goes wrong in it ends that connection only (logged
+        with its traceback), never the accept loop every later connection needs."""
+        try:
+            await self._serve_connection(tsock, reserved)
+        except Exception as exc:
+            self._log_fault("opening a connection", exc)
+
+    async def _serve_connection(
+        self, tsock: trio.socket.SocketType, reserved: bool = False
+    ) -> None:
+        """`reserved`: accepted with the fd reserve's room, for an admin request only."""
+        fd = tsock.detach()
+        raw = socket.socket(fileno=fd)
+        try:
+            creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+            raw.setblocking(False)
+            if peer_uid != os.getuid():
+                self.log("warning", "refused a connection from another user", uid=peer_uid)
+                with contextlib.suppress(OSError):
+                    raw.send(
+                        error_response(
+                            None,
+                            ATTACH_FAILED,
+                            "Connection refused",
+                            {"reason": f"uid {peer_uid} is not the daemon's uid {os.getuid()}"},
+                        )
+                    )
+                await _linger_close(raw.fileno())
+                return
+            faulted = False
+            try:
+                await self._serve_peer(raw, peer_pid, reserved)
+            except* Exception as exc:
+                # The per-connection fence: a bug while serving one connection ends that
+                # connection only, never the accept loop (and every other session with it).
+                # `except*`: a cancellation travelling in the same group still propagates.
+                self._log_fault("serving a connection", exc, peer=peer_pid)
+                faulted = True
+            if raw.fileno() in self._linger and not faulted:
+                await _linger_close(raw.fileno())
+        finally:
+            self._linger.discard(raw.fileno())
+            raw.close()
+            if reserved:
+                self.fd_reserve.refill()
+
+    async def _serve_peer(self, raw: socket.socket, peer_pid: int, reserved: bool = False) -> None:
+        """One connection: its first message says what it is (admin, attach, a raw client).
+
+        Flat on purpose: a session's connection lives as long as the session, and each await
+        level it sits under is a coroutine frame kept for that long (about 0.5 KB a level).
+        """
+        fd = raw.fileno()
+        framer = LineFramer(self.options.max_message_bytes)
+        # fds that came with the first message (an attach bridge handing over its stdio); a
+        # session that takes them owns them, and whatever is not taken is closed on the way out.
+        handed: list[int] = []
+        try:
+            async with trio.open_nursery() as nursery:
+                # No writer task while nothing is queued: an idle session costs no task for it.
+                writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
+                first, pending = await self._read_first(raw, framer, writer, handed)
+                if first is not None and str(first.method).startswith("mcpool/admin/"):
+                    await self._serve_admin(fd, writer, framer, first, pending)
+                elif first is not None and reserved:
+                    writer.write(_at_fd_limit(first))
+                elif first is not None:
+                    opened = self._open_connection_session(
+                        fd, writer, first, peer_pid, handed, nursery.start_soon
+                    )
+                    if opened is not None:
+                        state, in_fd, out = opened
+                        client_closed = False
+                        try:
+                            if in_fd == fd:
+                                await self._run_session(state, fd, writer, framer, pending)
+                            else:
+                                fresh = LineFramer(self.options.max_message_bytes)
+                                client_closed = await self._run_session(
+                                    state, in_fd, out, fresh, []
+                                )
+                                with trio.move_on_after(HANDOFF_DRAIN_BOUND):
+                                    await out.wait_drained()
+                        finally:
+                            if in_fd != fd:
+                                self._end_handoff(fd, writer, state, in_fd, out, client_closed)
+                if first is not None:
+                    with trio.move_on_after(1.0):
+                        await writer.wait_drained()
+                nursery.cancel_scope.cancel()
+        finally:
+            for received in handed:
+                os.close(received)
+
+    async def _read_first(
+        self, raw: socket.socket, framer: LineFramer, writer: FdWriter, handed: list[int]
+    ) -> tuple[Message | None, list[bytes]]:
+        """The connection's first message and the lines read behind it (None: it said nothing
+        usable in time, or closed)."""
+        fd = raw.fileno()
+        pending: list[bytes] = []
+        first: Message | None = None
+        with trio.move_on_after(FIRST_MESSAGE_TIMEOUT):
+            while first is None:
+                data = await _recv_with_fds(raw, handed)
+                if not data:
+                    return None, []
+                try:
+                    lines = framer.feed(data)
+                except MessageTooLarge as exc:
+                    await self._fail_and_close(fd, writer, exc)
+                    return None, []
+                while lines and first is None:
+                    line = lines.pop(0)
+                    decoded = self._decode_or_refuse(line, writer)
+                    if writer.closed:
+                        return None, []  # refused, and the peer did not stay to read why
+                    if decoded is None:
+                        continue
+                    if isinstance(decoded, list):
+                        first = decoded[0]
+                        pending.append(line)
+                        break
+                    first = decoded
+                    if not (isinstance(first.method, str) and first.method.startswith("mcpool/")):
+                        pending.append(line)
+                pending.extend(lines)
+        return first, pending
+
+    def _open_connection_session(
+        self,
+        fd: int,
+        writer: FdWriter,
+        first: Message,
+        peer_pid: int,
+        handed: list[int],
+        spawn: Any,
+    ) -> tuple[_SessionState, int, FdWriter] | None:
+        """Open the session a connection's first message asks for and answer the attach: the
+        state, the fd its client's messages arrive on and the writer its answers go to (the
+        connection's own, or the handed-off stdin and stdout). None: refused (answered)."""
+        assert self.pool is not None
+        handoff = False
+        if first.method == "mcpool/attach":
+            try:
+                params = _admin.decode_params(_ATTACH, first.params)
+            except McpoolError as exc:
+                with contextlib.suppress(WriterClosed):  # a caller that left needs no answer
+                    writer.write(self._error_line(request_id(first), exc))
+                return None
+            # abspath is string work on absolute paths (the bridge sends them): no I/O.
+            sources = [os.path.abspath(p) for p in params.sources]
+            cwd, name, env = params.cwd, params.name or "session", params.env
+            handoff = params.handoff and _usable_stdio(handed)
+            explicit_budget = params.max_name_length
+        else:
+            sources, cwd, name, env = [self.config_path], None, "socket", None
+            explicit_budget = None
+        in_fd, out = fd, writer
+        if handoff:
+            in_fd, out_fd = handed
+            os.set_blocking(in_fd, False)
+            os.set_blocking(out_fd, False)
+            # The connection's nursery runs its drain task, so it can still drain once the
+            # session's own nursery is gone.
+            out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=spawn)
+            handed.clear()  # the session's now: _end_handoff closes them
+        attaching = first.method == "mcpool/attach"
+        via = "attach" if handoff else "attach-relay" if attaching else "socket"
+        state = self.open_session(
+            out,
+            name=name,
+            sources=sources,
+            peer=peer_pid,
+            cwd=cwd,
+            via=via,
+            env=env,
+            max_name_length=explicit_budget,
+        )
+        if handoff:
+            # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a
+            # handed-off session holds no task beyond a socket session's.
+            self.bridges.add(fd, state.session)
+        if attaching:
+            try:
+                writer.write(response(request_id(first), self._attach_result(state, handoff)))
+            except WriterClosed:
+                # The bridge went away before its answer: the session ends through the usual
+                # path (its run sees it closed), releasing whatever it took.
+                state.session.close("the attach bridge went away before its attach answer")
+        return state, in_fd, out
+
+    def _end_handoff(
+        self,
+        control_fd: int,
+        control: FdWriter,
+        state: _SessionState,
+        in_fd: int,
+        out: FdWriter,
+        client_closed: bool,
+    ) -> None:
+        """Release a handed-off session's fds and tell its bridge how it ended. Synchronous, so
+        it runs in full even while the daemon is cancelling the connection (shutdown)."""
+        self.bridges.remove(control_fd)
+        self._linger.discard(in_fd)  # an oversized message's linger is the bridge socket's
+        out_fd = out.fd
+        out.close()
+        for handed_fd in (in_fd, out_fd):
+            trio.lowlevel.notify_closing(handed_fd)
+            os.close(handed_fd)
+        reason = state.session.close_reason or "the session ended"
+        # A client that stopped reading its server's output (closed the pipe) has gone too.
+        client_closed = client_closed or out.peer_gone
+        with contextlib.suppress(WriterClosed):
+            control.write(
+                notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})
+            )
+
+    def _attach_result(self, state: _SessionState, handoff: bool = False) -> dict[str, Any]:
+        result = {"session": state.session.id, "daemonPid": self.pid, "version": __version__}
+        if handoff:
+            result["handoff"] = True
+        return result
+
+    async def _run_session(
+        self,
+        state: _SessionState,
+        in_fd: int,
+        writer: FdWriter,
+        framer: LineFramer,
+        pending: list[bytes],
+    ) -> bool:
+        """Serve one session until it ends; True when the client ended it (end of input)."""
+        session = state.session
+        client_closed = False
+        try:
+            # One fence around the whole read loop (not one per line): whatever escapes the
+            # session's own handling, its notifier or its first reconciliation closes this
+            # session with an answer to every request in flight, and the connection ends.
+            try:
+                async with trio.open_nursery() as nursery:
+                    session.on_close = lambda _s: nursery.cancel_scope.cancel()
+                    session.spawn = nursery.start_soon  # a notifier task only while one is due
+                    nursery.start_soon(self.apply_to_session, state)
+                    for line in pending:
+                        session.handle_line(line)
+                    while not session.closed:
+                        data = await read_some(in_fd)
+                        if not data:
+                            client_closed = True
+                            await self._paced_detach()
+                            break
+                        try:
+                            lines = framer.feed(data)
+                        except MessageTooLarge as exc:
+                            await self._fail_and_close(in_fd, writer, exc)
+                            break
+                        for line in lines:
+                            session.handle_line(line)
+                    session.close("the client disconnected")
+            except* Exception as exc:
+                self._log_fault("serving a session", exc, session=session.id)
+                session.close("internal error in mcpool (see the daemon log)")
+        finally:
+            self.close_session(state, "the client disconnected")
+        return client_closed
+
+    async def _paced_detach(self) -> None:
+        """Wait for a turn to close: at most DETACH_BATCH closes run between two passes of the
+        loop over the other tasks (the turn is held across one checkpoint)."""
+        async with self._detach_pacer:
+            await trio.lowlevel.checkpoint()
+
+    def open_session(
+        self,
+        out: Any,
+        *,
+        name: str,
+        sources: list[str],
+        peer: Any,
+        cwd: str | None = None,
+        via: str = "socket",
+        env: dict[str, str] | None = None,
+        max_name_length: int | None = None,
+    ) -> _SessionState:
+        """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
+        assert self.pool is not None
+        session = Session(
+            new_session_id(),
+            name=name,
+            cwd=cwd,
+            pool=self.pool,
+            out=out,
+            page_size=self.options.page_size,
+            log=lambda text, level="warning": self.log(level, text),
+            attached_at=time.time(),
+        )
+        session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
+        state = _SessionState(session, sources, via, env)
+        self.sessions[session.id] = state
+        if self.watched.add(sources):
+            self.watcher.watch(self.watched_files())
+        self.log("info", "session attached", session=session.id, name=name, peer=peer)
+        return state
+
+    def close_session(self, state: _SessionState, reason: str) -> None:
+        session = state.session
+        session.close(reason)
+        if self.sessions.pop(session.id, None) is state and self.watched.remove(state.sources):
+            watched = self.watched_files()
+            # A file no session reads any more is forgotten (it is read afresh if one attaches
+            # again): a daemon that lives for weeks must not keep every project it ever served.
+            for path in [p for p in self.files if p not in watched]:
+                del self.files[path]
+            self.watcher.watch(watched)
+        self.log("info", "session detached", session=session.id, reason=session.close_reason)
+
+    async def _serve_http(self) -> None:
+        """`--http`: the streamable HTTP endpoint; a bind failure stops the daemon (it was asked
+        for explicitly, and a daemon silently without it would look like a client bug)."""
+        from ._http import HttpEndpoint
+
+        assert self.http_bind is not None
+        host, port, allow_remote = self.http_bind
+        endpoint = HttpEndpoint(
+            self,
+            (host, port),
+            allow_remote=allow_remote,
+            max_body=self.options.max_message_bytes,
+            session_buffer=self.options.session_buffer_bytes,
+        )
+        try:
+            await endpoint.serve()
+        except OSError as exc:
+            self.log("error", f"HTTP endpoint not started on {host}:{port}: {exc}")
+            sys.stderr.write(f"mcpool daemon: cannot serve HTTP on {host}:{port}: {exc}\n")
+            self.request_stop(EXIT_FAILED)  # asked for and not served: a failure, not a stop
