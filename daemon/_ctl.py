@@ -550,6 +550,19 @@ def _table(*columns: str) -> Table:
     return table
 
 
+def _print_rows(
+    items: Any, headers: tuple[str, ...], row: Callable[[dict[str, Any]], tuple[str, ...]]
+) -> None:
+    """A status table of its own (after a blank line), only when there is something in it."""
+    if not items:
+        return
+    sys.stdout.write("\n")
+    table = _table(*headers)
+    for item in items:
+        table.add_row(*row(item))
+    _print(table)
+
+
 def _text(value: Any) -> str:
     # Cells are plain text: a server's error message must not be parsed as rich markup.
     from rich.markup import escape
@@ -618,37 +631,31 @@ def _render_status(status: dict[str, Any]) -> None:
                 _text(error),
             )
         _print(table)
-    errors = status.get("registry_errors") or []
-    if errors:
-        sys.stdout.write("\n")
-        table = _table("SESSION", "REGISTRY ERROR")
-        for item in errors:
-            table.add_row(_text(item.get("session")), _text(item.get("error")))
-        _print(table)
-    skipped = status.get("skipped") or []
-    if skipped:
-        sys.stdout.write("\n")
-        table = _table("SKIPPED SERVER", "FILE", "WHY", "SESSIONS")
-        for item in skipped:
-            table.add_row(
-                _text(item.get("server")),
-                _text(item.get("file")),
-                _text(item.get("error")),
-                str(len(item.get("sessions") or [])),
-            )
-        _print(table)
-    not_up = status.get("not_up") or []
-    if not_up:
-        sys.stdout.write("\n")
-        table = _table("SERVER NOT UP", "STATE", "LAST ERROR", "SESSIONS")
-        for item in not_up:
-            table.add_row(
-                _text(item.get("server")),
-                _text(item.get("state")),
-                _text(item.get("last_error")),
-                str(len(item.get("sessions") or [])),
-            )
-        _print(table)
+    _print_rows(
+        status.get("registry_errors"),
+        ("SESSION", "REGISTRY ERROR"),
+        lambda item: (_text(item.get("session")), _text(item.get("error"))),
+    )
+    _print_rows(
+        status.get("skipped"),
+        ("SKIPPED SERVER", "FILE", "WHY", "SESSIONS"),
+        lambda item: (
+            _text(item.get("server")),
+            _text(item.get("file")),
+            _text(item.get("error")),
+            str(len(item.get("sessions") or [])),
+        ),
+    )
+    _print_rows(
+        status.get("not_up"),
+        ("SERVER NOT UP", "STATE", "LAST ERROR", "SESSIONS"),
+        lambda item: (
+            _text(item.get("server")),
+            _text(item.get("state")),
+            _text(item.get("last_error")),
+            str(len(item.get("sessions") or [])),
+        ),
+    )
     for note in status.get("notes") or []:
         _print(f"note: {_text(note)}")
 
