@@ -1,5 +1,6 @@
 """mcpool.session: per-session views, registry generations, routing and reconciliation."""
 
+from ._flight import request_id
 from ._names import MAX_NAME, exposed_name, name_budget, seen_as, user_name_forms
 from ._policy import PolicyKey, normalize_include
 from ._reconcile import Action, ActionKind, Desired, Held, reconcile
@@ -11,7 +12,8 @@ from ._registry import (
     build_candidate,
     empty_generation,
 )
-from ._session import SERVER_CAPABILITIES, Session, new_session_id, request_id
+from ._requests import SERVER_CAPABILITIES
+from ._session import Session, new_session_id
 from ._view import Projection, SessionView, project
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 from _common import table, write_result
 
 from mcpool.protocol import LineFramer, Response, decode, decode_params, request
-from mcpool.session._session import _encoder
+from mcpool.session._flight import _encoder
 
 REQUEST = (
     b'{"jsonrpc":"2.0","id":1234,"method":"tools/call",'

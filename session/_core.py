@@ -1,0 +1,275 @@
+"""What every room of a session shares: its state (assigned by `Session.__init__`), writing to the
+client, answering it, closing, and how a fenced fault or dropped input is logged; and the view
+lookups every request makes (`holds`, `_allows`, `_resource_view`).
+
+A room of `Session` (session/_session.py): the rooms form one chain of base classes,
+_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
+below it define.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+
+from mcpool import __version__
+from mcpool.pool import Pool
+from mcpool.protocol import (
+    INVALID_PARAMS,
+    RESOURCE_NOT_FOUND,
+    SESSION_CLOSING,
+    McpoolError,
+    Message,
+    error_response,
+    response,
+)
+
+from ._eras import MODERN, Batch, modern_result
+from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
+from ._registry import RegistryGeneration, Route
+from ._view import SessionView
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
+
+
+_NO_PARKED: dict[Any, Any] = {}  # shared and never written: `_park` gives a session its own
+
+
+class SessionCore:
+    # Slots: a daemon holds one Session per attached window, many of them idle.
+    __slots__ = (
+        "_backlog",
+        "_batch",
+        "_budget_settings",
+        "_dirty",
+        "_dropped",
+        "_log",
+        "_notify_wake",
+        "_notifying",
+        "_parked",
+        "_reconciling",
+        "_relay_ids",
+        "_signature",
+        "_views_known",
+        "attached_at",
+        "client_capabilities",
+        "client_info",
+        "close_reason",
+        "closed",
+        "cwd",
+        "era",
+        "id",
+        "inflight",
+        "initialize_answered",
+        "initialized",
+        "last_error",
+        "listens",
+        "log_level",
+        "name",
+        "name_budget",
+        "notifications_sent",
+        "on_close",
+        "out",
+        "page_size",
+        "pending_kinds",
+        "pool",
+        "protocol_version",
+        "ready",
+        "registry",
+        "registry_errors",
+        "relayed",
+        "settings_generation",
+        "spawn",
+        "subscriptions",
+        "views",
+    )
+
+    # The session's state, assigned by `Session.__init__` (session/_session.py); declared
+    # here so that each room is checked against it.
+    id: str
+    name: str
+    cwd: str | None
+    pool: Pool
+    out: Writer
+    page_size: int
+    _log: SessionLog
+    attached_at: float
+    views: dict[str, SessionView]
+    name_budget: Any
+    _budget_settings: tuple[int | None, int | None]
+    registry: RegistryGeneration
+    _signature: tuple[Any, ...]
+    ready: bool
+    _views_known: bool
+    _backlog: list[tuple[Message, Batch | None]]
+    initialize_answered: bool
+    initialized: bool
+    protocol_version: str | None
+    client_capabilities: dict[str, Any]
+    client_info: dict[str, Any]
+    inflight: dict[Any, _InFlight]
+    pending_kinds: set[str]
+    _notify_wake: trio.Event
+    spawn: Callable[[Callable[[], Awaitable[None]]], None] | None
+    _notifying: bool
+    settings_generation: int
+    _reconciling: bool
+    _dirty: bool
+    last_error: str | None
+    registry_errors: dict[str, str]
+    subscriptions: set[str]
+    log_level: str | None
+    closed: bool
+    close_reason: str | None
+    on_close: Callable[[Session], None] | None
+    notifications_sent: int
+    relayed: dict[str, _Relayed]
+    _relay_ids: itertools.count[int]
+    era: str | None
+    listens: dict[Any, _Listen]
+    _batch: Batch | None
+    _dropped: set[str]
+    _parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]]
+
+    def release_all(self) -> None:
+        for view in self.views.values():
+            if view.handle is not None:
+                self.pool.release(view.handle)
+
+    def holds(self, view: SessionView) -> bool:
+        """S8: whether `view` is still this session's, on a handle it holds. The generation
+        being served may predate a settings change that removed, disabled or replaced its
+        server (while new entries start, or when a part was rejected)."""
+        handle = view.handle
+        return handle is not None and not handle.released and self.views.get(view.name) is view
+
+    def _allows(self, route: Route | None) -> Route | None:
+        """S8: `route` when the session's current policy and handles allow it, else None: a
+        removed, disabled or filtered item is as unknown as one never listed."""
+        if route is None or not self.holds(route.view):
+            return None
+        return route if route.view.key.allows(route.upstream_name) else None
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self.out.write(data)
+        except Exception as exc:
+            self.close(str(exc))
+
+    def reply(self, msg_id: Any, data: bytes) -> None:
+        """Send the answer to the client request being handled now (a batch member's answer
+        joins its batch, which is sent whole once every member is answered)."""
+        self.deliver(self._batch, data)
+
+    def deliver(self, batch: Batch | None, data: bytes) -> None:
+        """Send one answer, or add it to the batch its request came in."""
+        if batch is not None:
+            whole = batch.add(data)
+            if whole is None:
+                return
+            data = whole
+        self.send(data)
+
+    def send_error(self, msg_id: Any, exc: McpoolError) -> None:
+        obj = exc.to_error_object()
+        self.reply(msg_id, error_response(msg_id, obj.code, obj.message, obj.data))
+
+    def send_result(self, msg: Message, result: dict[str, Any]) -> None:
+        """Answer a request mcpool serves itself, shaped for the session's era."""
+        method = msg.method if isinstance(msg.method, str) else ""
+        if self.era is MODERN:
+            result = modern_result(method, result, SERVER_INFO)
+        self.reply(request_id(msg), response(request_id(msg), result))
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self._answer_unfinished(reason)
+        for relay in self.relayed.values():
+            relay.upstream.respond_error(
+                relay.upstream_id,
+                SESSION_CLOSING,
+                "the session that owned this request disconnected",
+                {"reason": reason},
+            )
+        self.relayed.clear()
+        self.listens.clear()
+        self.release_all()
+        self._notify_wake.set()
+        if self.on_close is not None:
+            self.on_close(cast("Session", self))  # every room is part of a Session
+
+    def _answer_unfinished(self, reason: str) -> None:
+        """Every request still waiting (forwarded, a listen stream, the backlog) gets a
+        SESSION_CLOSING error, in one write; a client that can no longer read loses nothing
+        it could have had, and one that can (SIGTERM, an oversized line) hears why."""
+        closing = McpoolError(reason, message=f"Session closed: {reason}", code=SESSION_CLOSING)
+        lines: list[bytes] = []
+
+        def answer(msg_id: Any, batch: Batch | None) -> None:
+            line = error_response(msg_id, closing.code, closing.message, closing.data)
+            whole = batch.add(line) if batch is not None else line
+            if whole is not None:
+                lines.append(whole)
+
+        for flight in list(self.inflight.values()):
+            flight.upstream.cancel(flight.uid, reason)
+            flight.finish()
+            answer(flight.client_id, flight.batch)
+        self.inflight.clear()
+        for listen_id in self.listens:
+            answer(listen_id, None)
+        for client_id, (_waiter, batch) in self._parked.items():
+            answer(client_id, batch)
+        self._parked = _NO_PARKED
+        for msg, batch in self._backlog:
+            if msg.is_request:
+                answer(msg.id, batch)
+        self._backlog.clear()
+        if lines:
+            with contextlib.suppress(Exception):  # the peer is gone: nobody to tell
+                self.out.write(b"".join(lines))
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        """An unexpected exception in session code run by a task others share: log it with
+        its traceback and close this session only."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self._log(f"session {self.id}: internal error in {where}; session closed\n{trace}")
+        self.close(f"internal error in mcpool while handling {where} (see the daemon log)")
+
+    def _drop(self, kind: str, why: str) -> None:
+        """A message that cannot be acted on: logged once per kind and session (a client
+        repeating it must not flood the daemon log), then dropped."""
+        if kind not in self._dropped:
+            self._dropped.add(kind)
+            self._log(f"session {self.id}: dropped {kind}: {why} (further ones: not logged)")
+
+    def _resource_view(self, uri: str) -> SessionView:
+        gen = self.registry
+        view = gen.resource_view(uri)
+        if view is not None and self.holds(view):
+            return view
+        with_resources = [
+            v for v in gen.views if self.holds(v) and "resources" in v.projection().capabilities
+        ]
+        if len(with_resources) == 1:
+            return with_resources[0]
+        raise McpoolError(
+            f"no server of this session listed the resource {uri}",
+            message="Resource not found",
+            # The handshake era's code, or the modern era's (SEP-2164: invalid params).
+            code=INVALID_PARAMS if self.era is MODERN else RESOURCE_NOT_FOUND,
+            uri=uri,
+        )

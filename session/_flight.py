@@ -1,0 +1,318 @@
+"""Requests in flight between a session and its upstreams: a forwarded request and its reply
+callback (`_InFlight`), a request an upstream sent the client (`_Relayed`), an input_required
+round a handshake-era client answers (`_InputRound`), and a modern client's listen stream
+(`_Listen`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool.pool import Handle, Upstream
+from mcpool.protocol import (
+    JsonRpcId,
+    McpoolError,
+    Message,
+    RawErrorResponse,
+    Request,
+    Response,
+    UpstreamUnavailable,
+    encode,
+    error_response,
+)
+
+from . import _params
+from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
+
+_encoder = msgspec.json.Encoder()
+
+if TYPE_CHECKING:
+    from ._core import SessionCore
+
+
+class SessionLog(Protocol):
+    """Where a session's log lines go (the daemon's journal): text, then a level name."""
+
+    def __call__(self, text: str, level: str = "warning") -> None: ...
+
+
+def _no_log(text: str, level: str = "warning") -> None:
+    pass
+
+
+class Writer(Protocol):
+    """What the session writes to (the daemon gives it an `FdWriter`)."""
+
+    @property
+    def buffered(self) -> int: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def wait_drained(self) -> None: ...
+
+
+class _InFlight:
+    """One forwarded request: the reply callback, and what cancelling it needs."""
+
+    __slots__ = (
+        "batch",
+        "client_id",
+        "entry",
+        "handle",
+        "params",
+        "plan",
+        "progress",
+        "rounds",
+        "session",
+        "uid",
+        "upstream",
+    )
+
+    def __init__(
+        self, session: SessionCore, client_id: Any, handle: Handle, upstream: Upstream
+    ) -> None:
+        self.session = session
+        self.client_id = client_id
+        self.handle = handle
+        self.entry = handle.entry
+        self.upstream = upstream
+        self.uid = 0
+        self.progress: str | None = None
+        self.plan: ResultPlan | None = None  # None: the answer's bytes go back untouched
+        # A handshake-era session's request to a modern upstream: what was sent, kept so an
+        # input_required answer can be retried with the client's input (`_InputRound`).
+        self.params: dict[str, Any] | None = None
+        self.rounds = 0
+        self.batch: Batch | None = session._batch  # the batch this request came in, if any
+        handle.in_flight += 1
+
+    def finish(self) -> None:
+        """Forget this request (answered, cancelled, or the session closed); idempotent."""
+        s = self.session
+        if s.inflight.get(self.client_id) is self:
+            del s.inflight[self.client_id]
+        if self.progress is not None:
+            self.entry.unregister_progress(self.progress)
+            self.progress = None
+        if self.uid >= 0:
+            self.handle.in_flight -= 1
+            self.uid = -1
+
+    def __call__(self, msg: Message) -> None:
+        # Runs in the upstream's reader task, which every session of that server shares: an
+        # unexpected failure here closes this session only (see the module docstring).
+        s = self.session
+        try:
+            self.finish()
+            if s.closed:
+                return
+            plan = self.plan
+            if msg.error is not UNSET:
+                error = msg.error
+                wrong = _params.malformed_error(error)  # the error path only: off the hot path
+                if wrong is not None:
+                    bad = McpoolError(
+                        f"server '{self.entry.name}' answered with a malformed error: {wrong}",
+                        message=f"Malformed error from server '{self.entry.name}'",
+                        server=self.entry.name,
+                    )
+                    error = Raw(_encoder.encode(bad.to_error_object()))
+                elif plan is not None:
+                    error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
+                line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
+            else:
+                result = msg.result if msg.result is not UNSET else Raw(b"{}")
+                if self.params is not None and b"input_required" in bytes(result):
+                    decoded = msgspec.json.decode(bytes(result))
+                    if isinstance(decoded, dict) and decoded.get("resultType") == "input_required":
+                        refusal = _InputRound.start(self, decoded)
+                        if refusal is None:
+                            return  # the client is asked; the retry answers it
+                        obj = refusal.to_error_object()
+                        s.deliver(
+                            self.batch,
+                            error_response(self.client_id, obj.code, obj.message, obj.data),
+                        )
+                        return
+                if plan is not None:
+                    try:
+                        result = Raw(translate_result(bytes(result), plan))
+                    except McpoolError as exc:
+                        obj = exc.to_error_object()
+                        line = error_response(self.client_id, obj.code, obj.message, obj.data)
+                        s.deliver(self.batch, line)
+                        return
+                line = _encoder.encode(Response("2.0", self.client_id, result)) + b"\n"
+            if self.batch is None:
+                s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
+            else:
+                s.deliver(self.batch, line)
+        except Exception as exc:
+            s._fault(f"the answer from server '{self.entry.name}'", exc)
+
+
+def request_id(msg: Message) -> JsonRpcId:
+    """The id of a message already known to be a request."""
+    assert isinstance(msg.id, int | str)
+    return msg.id
+
+
+class _Relayed:
+    """A request an upstream sent to this session's client, awaiting the client's answer."""
+
+    __slots__ = ("progress_token", "upstream", "upstream_id")
+
+    def __init__(self, upstream: Upstream, upstream_id: Any, progress_token: Any) -> None:
+        self.upstream = upstream
+        self.upstream_id = upstream_id
+        self.progress_token = progress_token
+
+
+# A modern upstream asking a handshake-era session for input again and again is looping.
+MAX_INPUT_ROUNDS = 8
+
+
+class _InputRound:
+    """A modern upstream answered a handshake-era session's request with `input_required`
+    (issue 15, point 4): each of its input requests goes to the client as the server-to-client
+    request it stands for (sampling, elicitation, roots), and once all are answered the original
+    request is sent again with `inputResponses` and the echoed `requestState`, its answer going
+    to the client as the answer to its request. The client's answers arrive through `relayed`
+    as any relayed request's do: this object is their `upstream` (`respond_raw`/`respond_error`).
+    """
+
+    __slots__ = ("flight", "pending", "responses", "state")
+
+    def __init__(self, flight: _InFlight, state: Any) -> None:
+        self.flight = flight
+        self.state = state
+        self.responses: dict[str, Any] = {}
+        self.pending: set[str] = set()
+
+    @staticmethod
+    def start(flight: _InFlight, result: dict[str, Any]) -> McpoolError | None:
+        """Ask the client; None when asked, else the error its request is answered with."""
+        s = flight.session
+        name = flight.entry.name
+        requests = result.get("inputRequests") or {}
+        if not isinstance(requests, dict) or flight.rounds >= MAX_INPUT_ROUNDS:
+            why = (
+                "a malformed inputRequests"
+                if not isinstance(requests, dict)
+                else (f"more than {MAX_INPUT_ROUNDS} rounds of input requests")
+            )
+            return McpoolError(f"server '{name}' sent {why}", server=name)
+        asks: list[tuple[str, str, Any]] = []
+        for key, req in requests.items():
+            method = req.get("method") if isinstance(req, dict) else None
+            capability = _CLIENT_CAPABILITY.get(method) if isinstance(method, str) else None
+            if capability is None:
+                return McpoolError(
+                    f"server '{name}' asked for input mcpool cannot relay: {method!r}",
+                    server=name,
+                )
+            if capability not in s.client_capabilities:
+                return McpoolError(
+                    f"server '{name}' asked for {method}; the session does not support it "
+                    f"(no {capability} capability)",
+                    server=name,
+                )
+            asks.append((str(key), str(method), req.get("params", UNSET)))
+        if not asks and result.get("requestState") is None:
+            return McpoolError(f"server '{name}' sent an empty input_required result", server=name)
+        round_ = _InputRound(flight, result.get("requestState"))
+        # Listed as in flight meanwhile (at no upstream: uid -1), so the client can cancel it.
+        s.inflight[flight.client_id] = flight
+        for key, method, params in asks:
+            round_.pending.add(key)
+            downstream_id = f"mcpool-{next(s._relay_ids)}"
+            s.relayed[downstream_id] = _Relayed(round_, key, None)  # type: ignore[arg-type]
+            raw = UNSET if params is UNSET else Raw(_encoder.encode(params))
+            s.send(encode(Request("2.0", downstream_id, method, raw)))
+        if not asks:
+            round_.retry()
+        return None
+
+    # What `_client_response` calls on a relay's upstream.
+
+    def respond_raw(self, key: str, result: Raw | UnsetType, error: Raw | UnsetType) -> None:
+        if key not in self.pending or self.flight.session.closed:
+            return
+        if error is not UNSET:
+            self.pending.clear()
+            s = self.flight.session
+            if not self._still_wanted():
+                return
+            line = _encoder.encode(RawErrorResponse("2.0", self.flight.client_id, error)) + b"\n"
+            s.deliver(self.flight.batch, line)
+            return
+        self.pending.discard(key)
+        self.responses[key] = msgspec.json.decode(bytes(result)) if result is not UNSET else {}
+        if not self.pending:
+            self.retry()
+
+    def respond_error(self, key: str, code: int, message: str, data: Any = UNSET) -> None:
+        obj: dict[str, Any] = {"code": code, "message": message}
+        if data is not UNSET:
+            obj["data"] = data
+        self.respond_raw(key, UNSET, Raw(_encoder.encode(obj)))
+
+    def _still_wanted(self) -> bool:
+        """Whether the client still waits for its request (not cancelled, session open); it
+        stops being listed as in flight either way."""
+        s = self.flight.session
+        if s.closed or s.inflight.get(self.flight.client_id) is not self.flight:
+            return False
+        del s.inflight[self.flight.client_id]
+        return True
+
+    def retry(self) -> None:
+        old = self.flight
+        s = old.session
+        if old.params is None or not self._still_wanted():
+            return
+        params = {
+            k: v for k, v in old.params.items() if k not in ("inputResponses", "requestState")
+        }
+        if self.responses:
+            params["inputResponses"] = self.responses
+        if self.state is not None:
+            params["requestState"] = self.state
+        upstream = old.entry.upstream
+        if upstream is None or not upstream.alive or old.handle.released:
+            err = UpstreamUnavailable(
+                old.entry.name, f"server '{old.entry.name}' went away while the client answered"
+            )
+            obj = err.to_error_object()
+            s.deliver(old.batch, error_response(old.client_id, obj.code, obj.message, obj.data))
+            return
+        flight = _InFlight(s, old.client_id, old.handle, upstream)
+        flight.plan, flight.params, flight.rounds = old.plan, params, old.rounds + 1
+        flight.batch = old.batch
+        s.inflight[old.client_id] = flight
+        try:
+            method = old.plan.method if old.plan is not None else "tools/call"
+            flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
+        except BaseException:
+            flight.finish()
+            raise
+
+
+class _Listen:
+    """One `subscriptions/listen` stream a modern client opened: what it wants to hear about."""
+
+    __slots__ = ("kinds", "uris")
+
+    def __init__(self, kinds: frozenset[str], uris: frozenset[str]) -> None:
+        self.kinds = kinds
+        self.uris = uris
+
+
+_CLIENT_CAPABILITY = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+}

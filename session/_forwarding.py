@@ -1,0 +1,263 @@
+"""Traffic with upstreams: forwarding a request to its server (parked while the server starts), the
+notifications and requests an upstream sends this session's client, and the client's answers to
+those requests.
+
+A room of `Session` (session/_session.py): the rooms form one chain of base classes,
+_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
+below it define.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool.pool import Upstream
+from mcpool.protocol import (
+    INVALID_REQUEST,
+    META_SUBSCRIPTION_ID,
+    InvalidRequest,
+    McpoolError,
+    Message,
+    Request,
+    UpstreamUnavailable,
+    decode_params,
+    encode,
+    notification,
+)
+
+from . import _params
+from ._core import _NO_PARKED, SessionCore
+from ._eras import MODERN, plan_for
+from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Relayed
+from ._view import SessionView
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
+def _relayable(capabilities: dict[str, Any]) -> dict[str, Any]:
+    """What of a handshake-era client's capabilities a modern upstream may ask it for through
+    mcpool (input requests turned into server-to-client requests). Not roots: a shared server
+    is never given one session's folders (the daemon answers roots for it)."""
+    return {k: v for k, v in capabilities.items() if k in ("sampling", "elicitation")}
+
+
+class SessionForwarding(SessionCore):
+    __slots__ = ()  # SessionCore holds the slots
+
+    def _forward(
+        self,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
+    ) -> None:
+        handle = view.handle
+        assert handle is not None
+        entry = handle.entry
+        upstream = entry.upstream
+        if upstream is None or not upstream.alive:
+            if entry.starting_up:
+                self._park(msg, view, method, params, meta)
+                return
+            raise UpstreamUnavailable(
+                view.name,
+                f"server '{view.name}' is not available ({entry.state.value})",
+                state=entry.state.value,
+                lastError=entry.last_error,
+            )
+        client_id = msg.id
+        flight = _InFlight(self, client_id, handle, upstream)
+        if meta is not None and meta.progressToken is not UNSET:
+            flight.progress = entry.register_progress(handle, meta.progressToken)
+            params["_meta"] = {**params["_meta"], "progressToken": flight.progress}
+        session_modern = self.era is MODERN
+        if upstream.era == MODERN:
+            # A modern client answers an input_required result itself; for a handshake-era one
+            # mcpool turns it into the server-to-client requests it stands for (`_InputRound`),
+            # so what it can be asked for is declared either way.
+            params = upstream.prepare(
+                params,
+                self.client_capabilities
+                if session_modern
+                else _relayable(self.client_capabilities),
+            )
+            if not session_modern:
+                flight.params = params
+            wrap = method == "tools/call" and params.get("name") in upstream.wrapped_outputs
+            flight.plan = plan_for(
+                method, session_modern=session_modern, upstream_modern=True, wrap=wrap
+            )
+        elif session_modern:
+            flight.plan = plan_for(method, session_modern=True, upstream_modern=False)
+        self.inflight[client_id] = flight
+        try:
+            flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
+        except BaseException:
+            flight.finish()  # whatever failed, the request is not in flight
+            raise
+
+    def _park(
+        self,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
+    ) -> None:
+        """Hold a request until its server's first start ends (L6; a standby entry starts)."""
+        client_id = msg.id
+        if client_id in self._parked:
+            raise InvalidRequest(
+                f"request id {client_id!r} is already used by a request in flight", id=client_id
+            )
+        batch = self._batch
+        handle = view.handle
+        assert handle is not None
+
+        def resume(error: str | None) -> None:
+            # Runs in the entry's supervisor task: fenced like every callback from there.
+            parked = self._parked.get(client_id)
+            if parked is None or parked[0] is not resume or self.closed:
+                return  # cancelled, or the session closed (and answered it)
+            del self._parked[client_id]
+            outer, self._batch = self._batch, batch
+            try:
+                if error is None and handle.released:
+                    error = f"server '{view.name}' was removed from the session while starting"
+                name = params.get("name") if method in ("tools/call", "prompts/get") else None
+                if error is None and isinstance(name, str) and not view.key.allows(name):
+                    # S8: the policy in force now decides, not the one it was routed under.
+                    error = f"server '{view.name}': {name} is no longer allowed for this session"
+                if error is not None:
+                    entry = handle.entry
+                    raise UpstreamUnavailable(
+                        view.name, error, state=entry.state.value, lastError=entry.last_error
+                    )
+                self._forward(msg, view, method, params, meta)
+            except McpoolError as exc:
+                self.send_error(client_id, exc)
+            except Exception as exc:
+                self._fault(f"a {method} waiting for server '{view.name}'", exc)
+            finally:
+                self._batch = outer
+
+        if self._parked is _NO_PARKED:
+            self._parked = {}
+        self._parked[client_id] = (resume, batch)
+        handle.entry.when_up(resume)
+
+    # These run in the upstream's reader task, which every session of that server shares:
+    # what the upstream sent is typed first (a malformed notification is dropped), and an
+    # unexpected failure closes this session only (`_fault`), never the reader.
+
+    def upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None:
+        if self.closed or not self.initialize_answered:
+            return
+        try:
+            self._upstream_notification(view, method, params)
+        except McpoolError as exc:
+            self._drop(f"a malformed {method} from server '{view.name}'", exc.reason)
+        except Exception as exc:
+            self._fault(f"{method} from server '{view.name}'", exc)
+
+    def _upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None:
+        if method == "notifications/cancelled":
+            # The upstream gave up on a request it sent this client: pass that on (P5).
+            c = _params.cancelled(params)
+            handle_upstream = view.handle.entry.upstream if view.handle else None
+            for did, relay in list(self.relayed.items()):
+                if relay.upstream is handle_upstream and relay.upstream_id == c.requestId:
+                    del self.relayed[did]
+                    out: dict[str, Any] = {"requestId": did}
+                    if c.reason is not None:
+                        out["reason"] = c.reason
+                    self.send(notification(method, out))
+            return
+        if method == "notifications/message":
+            if self.era is MODERN and self.log_level is None:
+                return  # 2026-07-28: no log messages unless a request asked for a level
+            if self.log_level is not None:
+                level = _params.log_message(params).level
+                if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(
+                    self.log_level
+                ):
+                    return
+            self.send(notification(method, params))
+        elif method == "notifications/progress":
+            self.send(notification(method, params))
+        elif method == "notifications/resources/updated":
+            updated = _params.resource_updated(params)  # the uri is a string from here on
+            p = decode_params(params)
+            uri = updated.uri
+            meta = updated.meta
+            if meta is not None and META_SUBSCRIPTION_ID in meta:
+                # A modern upstream's frame names mcpool's listen stream: never the client's.
+                meta = {k: v for k, v in meta.items() if k != META_SUBSCRIPTION_ID}
+                p = {k: v for k, v in p.items() if k != "_meta"} | ({"_meta": meta} if meta else {})
+                params = UNSET
+            if self.era is not MODERN:
+                if uri in self.subscriptions:
+                    self.send(notification(method, p if params is UNSET else params))
+                return
+            rest = meta or {}
+            for listen_id, listen in self.listens.items():
+                if uri in listen.uris:
+                    stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
+                    self.send(notification(method, stamped))
+
+    def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
+        """P5: relay an upstream's request to this client; None when sent, else why not."""
+        try:
+            return self._server_request(upstream, msg)
+        except McpoolError as exc:
+            return f"malformed {msg.method}: {exc.reason}"
+        except Exception as exc:
+            self._fault(f"{msg.method} from server '{view.name}'", exc)
+            return f"mcpool failed to relay {msg.method} (an internal error; see the daemon log)"
+
+    def _server_request(self, upstream: Upstream, msg: Message) -> str | None:
+        method = msg.method if isinstance(msg.method, str) else ""
+        if self.era is MODERN:
+            return (
+                f"the session speaks protocol {self.protocol_version}, where servers send no "
+                f"requests; {method} cannot reach it"
+            )
+        capability = _CLIENT_CAPABILITY.get(method)
+        if capability is not None and capability not in self.client_capabilities:
+            return f"the session does not support {method} (no {capability} capability)"
+        if not self.initialized or self.closed:
+            return f"the session cannot take {method} now (handshake not complete)"
+        meta = _params.relayed_request(msg.params).meta
+        token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
+        downstream_id = f"mcpool-{next(self._relay_ids)}"
+        self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
+        # Params are relayed byte for byte (omitted when the upstream sent none).
+        self.send(encode(Request("2.0", downstream_id, method, msg.params)))
+        return None
+
+    def _client_response(self, msg: Message) -> None:
+        """A client's answer to a relayed request: to the upstream that asked, once it is a
+        well-formed answer; one to a request never sent (or already answered) is dropped."""
+        relay = self.relayed.pop(msg.id, None) if isinstance(msg.id, str) else None
+        if relay is None:
+            self._drop("a response to no request", f"no relayed request has id {msg.id!r}")
+            return
+        wrong = _params.malformed_answer(msg.result, msg.error)
+        if wrong is not None:
+            # The upstream still gets an answer: it must not wait forever for this one.
+            relay.upstream.respond_error(
+                relay.upstream_id,
+                INVALID_REQUEST,
+                "the client's answer was malformed",
+                {"reason": wrong, "session": self.id},
+            )
+            self._drop("a malformed answer to a relayed request", wrong)
+            return
+        relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)

@@ -1,0 +1,269 @@
+"""Settings and generations: reconciling the session's handles with its settings (R1-R6), the name
+budget, building and publishing registry generations (S2-S8), and the notifier that announces
+changed lists (S5).
+
+A room of `Session` (session/_session.py): the rooms form one chain of base classes,
+_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
+below it define.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import trio
+
+from mcpool.pool import Handle
+from mcpool.protocol import META_SUBSCRIPTION_ID, Message, notification
+
+from ._eras import MODERN
+from ._forwarding import SessionForwarding
+from ._names import name_budget
+from ._reconcile import ActionKind, Desired, Held, reconcile
+from ._registry import LIST_KINDS, CandidateRejected, RegistryGeneration, build_candidate
+from ._view import SessionView
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+
+class SessionGenerations(SessionForwarding):
+    __slots__ = ()  # SessionCore holds the slots
+
+    if TYPE_CHECKING:
+        # The requests room above (session/_requests.py) handles a message; the backlog kept
+        # until the first generation is replayed through it.
+        def _handle(self, msg: Message) -> None: ...
+
+    def held(self) -> dict[str, Held]:
+        out = {}
+        for name, view in self.views.items():
+            h = view.handle
+            assert h is not None
+            usable = not h.released and h.entry.state.value not in ("closed", "failed")
+            out[name] = Held(h.identity, view.key, view.prefix, view.source, usable)
+        return out
+
+    async def apply_settings(
+        self, desired: dict[str, Desired], settings_generation: int
+    ) -> list[tuple[str, str]]:
+        """Reconcile this session's handles with `desired` (R1-R6). Returns (server, action)."""
+        if settings_generation < self.settings_generation:
+            # S6: a newer generation is already installed
+            self._log(
+                f"session {self.id}: settings generation {settings_generation} discarded: "
+                f"generation {self.settings_generation} is already installed"
+            )
+            return []
+        self._reconciling = True
+        report: list[tuple[str, str]] = []
+        new_views: dict[str, SessionView] = {}
+        replay = False
+        waiting: list[Handle] = []
+        try:
+            for action in reconcile(desired, self.held()):
+                report.append((action.name, action.kind.value))
+                old = self.views.get(action.name)
+                d = action.desired
+                if action.kind is ActionKind.RELEASE:
+                    assert old is not None
+                    assert old.handle is not None
+                    self.pool.release(old.handle)
+                    replay = True
+                    continue
+                assert d is not None
+                if action.kind is ActionKind.KEEP:
+                    assert old is not None
+                    new_views[d.name] = old
+                elif action.kind is ActionKind.REFRESH:
+                    assert old is not None
+                    assert old.handle is not None
+                    self.pool.refresh(old.handle, d.settings)
+                    replay |= old.update(d.key, prefix=d.settings.prefix, source=d.source)
+                    new_views[d.name] = old
+                else:  # ACQUIRE, REPLACE
+                    if old is not None and old.handle is not None:
+                        # Replaced by other transport settings: closed at once if now unused.
+                        self.pool.release(old.handle, replaced=True)
+                    session = cast("Session", self)  # every room is part of a Session
+                    view = SessionView(
+                        session, d.name, d.key, prefix=d.settings.prefix, source=d.source
+                    )
+                    view.handle = self.pool.lease(d.identity, d.settings, self.id, view)
+                    waiting.append(view.handle)
+                    new_views[d.name] = view
+                    replay = True
+            self.views = {name: new_views[name] for name in desired if name in new_views}
+            if not self._views_known:
+                self._views_known = True
+                self._answer_initialize()
+            # L6, S7: each new server is waited for within its entry's startup budget, never
+            # longer; one still starting is named in the log and arrives by list_changed.
+            for handle in waiting:
+                with trio.move_on_at(handle.entry.startup_deadline):
+                    await handle.entry.ready.wait()
+            for handle in waiting:
+                if not handle.entry.ready.is_set() and not handle.released:
+                    self._log(
+                        f"session {self.id}: server '{handle.identity.name}' is still starting "
+                        f"({handle.entry.state.value}) after the startup budget; served without "
+                        "it, its items follow by list_changed"
+                    )
+        finally:
+            self._reconciling = False
+        if self.closed or settings_generation < self.settings_generation:
+            # S6: a newer settings generation was installed while this one waited for its
+            # entries; its candidate is the one that counts, and nothing is notified for ours.
+            if not self.closed:
+                self._log(
+                    f"session {self.id}: candidate of settings generation {settings_generation} "
+                    f"discarded: generation {self.settings_generation} was installed while it "
+                    "waited for its servers"
+                )
+            return report
+        self.settings_generation = settings_generation
+        if replay or self._dirty or not self.ready:
+            self._dirty = False
+            self.rebuild("settings")
+        return report
+
+    def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
+        """`mcpool attach --max-name-length` and the daemon's `maxNameLength`; without either,
+        the client's `clientInfo.name` decides (a known client's prefix and cap)."""
+        self._budget_settings = (explicit, configured)
+        self._update_name_budget()
+
+    def _update_name_budget(self) -> None:
+        explicit, configured = self._budget_settings
+        client = self.client_info.get("name")
+        budget = name_budget(
+            client if isinstance(client, str) else None, explicit=explicit, configured=configured
+        )
+        if budget != self.name_budget:
+            self.name_budget = budget
+            if self.ready:
+                # Every exposed name is projected again under the budget.
+                self.views_changed("budget")
+
+    def views_changed(self, reason: str = "upstream") -> None:
+        # Called from whichever task published a snapshot (an upstream's relist, a restart).
+        if self._reconciling:
+            self._dirty = True
+        elif not self.closed:
+            try:
+                self.rebuild(reason)
+            except Exception as exc:
+                self._fault("a change of its servers' lists", exc)
+
+    def rebuild(self, reason: str = "settings") -> None:
+        """Build and publish the next generation; `reason` (settings, upstream, budget) is for
+        the log. A server whose part is rejected keeps its fallback (`build_candidate`), and
+        the rest, policy changes included, is published (S3, S8)."""
+        views = list(self.views.values())
+        signature = tuple((id(v), v.projection()) for v in views)
+        if self.ready and signature == self._signature:
+            return
+        prev = self.registry
+        cand = build_candidate(
+            views,
+            number=prev.number + 1,
+            settings_generation=self.settings_generation,
+            previous=prev,
+        )
+        self._signature = signature
+        self._record_rejections(cand.rejected)
+        changed = cand.changed_kinds(prev)
+        if not (self.ready and cand.agg is prev.agg and cand.views == prev.views):
+            # (A candidate that serves exactly what is served, a rejected part's fallback
+            # included, is no new generation.)
+            self.registry = cand
+            self._log_generation(cand, changed, reason)
+        if not self.ready:
+            self._become_ready()
+            return
+        if changed and self.initialized and not self.closed:
+            self.pending_kinds.update(changed)
+            self._notify_wake.set()
+            if self.spawn is not None and not self._notifying:
+                self._notifying = True
+                self.spawn(self._notify_pending)
+
+    def _record_rejections(self, rejected: tuple[CandidateRejected, ...]) -> None:
+        """The session's registry errors are exactly the latest candidate's rejections: an error
+        goes as soon as a candidate no longer has it (issue 15.9)."""
+        errors = {r.server: r.describe() for r in rejected}
+        for server, error in errors.items():
+            if self.registry_errors.get(server) != error:
+                self._log(f"session {self.id}: registry candidate rejected: {error}")
+        self.registry_errors = errors
+        self.last_error = "; ".join(errors.values()) or None
+
+    def _log_generation(self, gen: RegistryGeneration, changed: list[str], reason: str) -> None:
+        counts = (
+            f"{len(gen.tools)} tools, {len(gen.prompts)} prompts, {len(gen.resources)} "
+            f"resources, {len(gen.resource_templates)} resource templates"
+        )
+        what = f"changed: {', '.join(changed)}" if changed else "canonical view unchanged"
+        self._log(
+            f"session {self.id}: generation {gen.number} published ({reason}): {counts}; {what}",
+            "debug",
+        )
+
+    def _answer_initialize(self) -> None:
+        """The servers are leased: an initialize waiting in the backlog is answered now, the
+        rest waits for the first generation."""
+        backlog, self._backlog = self._backlog, []
+        outer = self._batch
+        try:
+            for msg, batch in backlog:
+                if msg.method == "initialize":
+                    self._batch = batch
+                    self._handle(msg)
+                else:
+                    self._backlog.append((msg, batch))
+        finally:
+            self._batch = outer
+
+    def _become_ready(self) -> None:
+        self.ready = True
+        backlog, self._backlog = self._backlog, []
+        outer = self._batch
+        try:
+            for msg, batch in backlog:
+                self._batch = batch
+                self._handle(msg)
+        finally:
+            self._batch = outer
+
+    async def run_notifier(self) -> None:
+        """Send list_changed for changed kinds; coalesce while the socket has unsent data."""
+        while not self.closed:
+            await self._notify_wake.wait()
+            self._notify_wake = trio.Event()
+            await self._send_pending()
+
+    async def _notify_pending(self) -> None:
+        try:
+            while self.pending_kinds and not self.closed:
+                await self._send_pending()
+        finally:
+            self._notifying = False
+
+    async def _send_pending(self) -> None:
+        if self.out.buffered:
+            await self.out.wait_drained()
+        kinds, self.pending_kinds = self.pending_kinds, set()
+        for kind in LIST_KINDS:
+            if kind not in kinds:
+                continue
+            method = f"notifications/{kind}/list_changed"
+            if self.era is not MODERN:
+                self.notifications_sent += 1
+                self.send(notification(method))
+                continue
+            # 2026-07-28: only on the listen streams that asked, stamped with their id.
+            for listen_id, listen in list(self.listens.items()):
+                if kind in listen.kinds:
+                    self.notifications_sent += 1
+                    stamp = {"_meta": {META_SUBSCRIPTION_ID: listen_id}}
+                    self.send(notification(method, stamp))

@@ -1,0 +1,522 @@
+"""The client's messages: one line at a time, the era check (P1), and one handler per method
+(`_HANDLERS`), each typed by session/_params.py first.
+
+A room of `Session` (session/_session.py): the rooms form one chain of base classes,
+_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
+below it define.
+"""
+
+from __future__ import annotations
+
+import base64
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from msgspec import UNSET, Raw, UnsetType
+
+from mcpool import __version__
+from mcpool.protocol import (
+    INVALID_REQUEST,
+    META_SUBSCRIPTION_ID,
+    InvalidParams,
+    InvalidRequest,
+    McpoolError,
+    Message,
+    MethodNotFound,
+    Response,
+    decode,
+    decode_params,
+    error_response,
+    negotiate,
+    notification,
+    response,
+)
+
+from . import _params
+from ._core import SERVER_INFO
+from ._eras import (
+    HANDSHAKE,
+    LIST_FLAGS,
+    MODERN,
+    Batch,
+    check_envelope,
+    discover_result,
+    honored_filter,
+    initialize_refused,
+    modern_result,
+    opens_modern,
+    strip_envelope,
+)
+from ._flight import _encoder, _Listen, request_id
+from ._forwarding import LOG_LEVELS
+from ._generations import SessionGenerations
+
+SERVER_CAPABILITIES: dict[str, Any] = {
+    "tools": {"listChanged": True},
+    "prompts": {"listChanged": True},
+    "resources": {"listChanged": True, "subscribe": True},
+    "logging": {},
+    "completions": {},
+}
+
+
+# Methods 2026-07-28 removed (its changelog): unknown methods in a modern session, on every
+# transport (`initialize` has its own answer, `initialize_refused`).
+_REMOVED_AT_MODERN = frozenset(
+    {"ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
+
+
+def _cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
+
+
+def _offset(cursor: Any) -> int:
+    try:
+        tag, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
+        if tag != "o":
+            raise ValueError(tag)
+        value = int(off)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidParams("invalid cursor: not a cursor mcpool issued") from exc
+    if value < 0:
+        raise InvalidParams("invalid cursor: negative offset")
+    return value
+
+
+def _ignore_reply(msg: Message) -> None:
+    pass
+
+
+class SessionRequests(SessionGenerations):
+    __slots__ = ()  # SessionCore holds the slots
+
+    def handle_line(self, line: bytes) -> None:
+        try:
+            decoded = decode(line)
+        except McpoolError as exc:
+            self.send_error(None, exc)
+            return
+        if isinstance(decoded, list):
+            # A 2025-03-26 batch: its answers go back together, as one array.
+            batch = Batch(sum(1 for m in decoded if m.method is not UNSET and m.id is not UNSET))
+            try:
+                for msg in decoded:
+                    self._batch = batch if msg.method is not UNSET and msg.id is not UNSET else None
+                    self.handle_message(msg)
+            finally:
+                self._batch = None
+        else:
+            self.handle_message(decoded)
+
+    def handle_message(self, msg: Message) -> None:
+        if msg.jsonrpc != "2.0":
+            msg_id = msg.id if msg.id is not UNSET else None
+            self.reply(
+                msg_id,
+                error_response(
+                    msg_id,
+                    INVALID_REQUEST,
+                    'jsonrpc must be "2.0"',
+                    {"reason": "not a JSON-RPC 2.0 message"},
+                ),
+            )
+            return
+        if not self.ready and not (
+            msg.method == "ping" or (msg.method == "initialize" and self._views_known)
+        ):
+            self._backlog.append((msg, self._batch))
+            return
+        self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
+        method = msg.method
+        try:
+            if method is UNSET:
+                self._client_response(msg)
+                return
+            if msg.id is UNSET:
+                self._notification(method, msg.params)
+                return
+            entry = _HANDLERS.get(method)
+            if entry is None:
+                raise MethodNotFound(method, f"mcpool does not serve {method}")
+            if msg.id in self.inflight or msg.id in self.listens:
+                raise InvalidRequest(
+                    f"request id {msg.id!r} is already used by a request in flight "
+                    "(ids must be unique among a session's open requests)",
+                    id=msg.id,
+                )
+            handler, kind = entry
+            p = decode_params(msg.params)
+            if self.era is not HANDSHAKE:
+                self._check_era(method, p)
+            handler(self, msg, p, _params.typed(p, kind))
+        except McpoolError as exc:
+            if msg.is_request:
+                self.send_error(msg.id, exc)
+            else:
+                self._drop(f"a malformed {method or 'response'}", exc.reason)
+        except Exception as exc:
+            # A bug, not bad input: the request still gets an answer and the session goes on.
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            self._log(f"session {self.id}: internal error handling {method}\n{trace}")
+            if msg.is_request:
+                self.send_error(
+                    msg.id,
+                    McpoolError(f"internal error in mcpool while handling {method}: {exc!r}"),
+                )
+
+    def _check_era(self, method: str, p: dict[str, Any]) -> None:
+        """P1: decide the era on the first request; check every modern request's envelope."""
+        if self.era is None:
+            if not opens_modern(method, p):
+                return  # initialize decides on handshake; anything else is served as it is
+            env = check_envelope(p)  # a malformed one is refused and decides nothing
+            self.era = MODERN
+            # No handshake to wait for: list_changed may flow as soon as a stream listens.
+            self.initialize_answered = self.initialized = True
+        elif method == "initialize":
+            raise initialize_refused(p)
+        else:
+            env = check_envelope(p)
+        if method in _REMOVED_AT_MODERN:
+            raise MethodNotFound(method, f"{method} is not part of protocol {env.version}")
+        answers = p.get("inputResponses", {})
+        if not isinstance(answers, dict) or not all(isinstance(a, dict) for a in answers.values()):
+            # MRTR "Error Handling": a retry's inputResponses is an InputResponses object, each
+            # of its answers a result object (sampling, elicitation or roots).
+            raise InvalidParams("params.inputResponses must be an object of result objects")
+        self.protocol_version = env.version
+        self.client_capabilities = env.capabilities
+        if env.client_info is not None and env.client_info != self.client_info:
+            self.client_info = env.client_info
+            self._update_name_budget()
+        if env.log_level != self.log_level:
+            # Logging is opted into per request in this era; no level means no log messages.
+            self.log_level = env.log_level
+            if env.log_level is not None:
+                self._apply_log_level(env.log_level)
+        strip_envelope(p)
+
+    def _notification(self, method: str, params: Raw | UnsetType) -> None:
+        """A client's notification; a malformed one raises McpoolError (dropped by _handle)."""
+        if method == "notifications/initialized":
+            # Out of order (before our initialize result) is ignored, per the handshake rules.
+            if self.initialize_answered:
+                self.initialized = True
+        elif method == "notifications/cancelled":
+            c = _params.cancelled(params)
+            rid = c.requestId
+            if rid is UNSET:
+                return  # a task's cancel names no request; mcpool forwards no tasks
+            if rid in self.listens:
+                self._close_listen(rid)
+                return
+            flight = self.inflight.get(rid)
+            if flight is None and rid in self._parked:
+                _waiter, batch = self._parked.pop(rid)
+                whole = batch.drop() if batch is not None else None
+                if whole is not None:
+                    self.send(whole)
+            if flight is not None:
+                flight.upstream.cancel(flight.uid, c.reason or "cancelled by the client")
+                flight.finish()
+                if flight.batch is not None:
+                    # A cancelled request gets no answer; its batch must not wait for one.
+                    whole = flight.batch.drop()
+                    if whole is not None:
+                        self.send(whole)
+        elif method == "notifications/progress":
+            # Progress the client reports on a request an upstream sent it (P5).
+            token = _params.progress(params).progressToken
+            for relay in self.relayed.values():
+                if relay.progress_token is not None and relay.progress_token == token:
+                    relay.upstream.send_notification(method, params)
+                    break
+
+    def _initialize(self, msg: Message, p: dict[str, Any], t: _params.Initialize) -> None:
+        self.era = HANDSHAKE
+        version = negotiate(t.protocolVersion)
+        self.protocol_version = version
+        self.client_capabilities = t.capabilities or {}
+        self.client_info = t.clientInfo or {}
+        # Before the answer: the client's first tools/list must already fit its name limit (and
+        # nothing is notified, as the handshake is not complete yet).
+        self._update_name_budget()
+        result: dict[str, Any] = {
+            "protocolVersion": version,
+            "capabilities": SERVER_CAPABILITIES,
+            "serverInfo": {"name": "mcpool", "version": __version__},
+        }
+        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
+        if instructions:
+            result["instructions"] = instructions
+        self.reply(request_id(msg), response(request_id(msg), result))
+        self.initialize_answered = True
+
+    def _instructions_so_far(self) -> str | None:
+        """Before the first generation (L6): the instructions of the servers already up, as
+        `RegistryGeneration.instructions` joins them (a late server's cannot follow: the
+        protocol has no notification for them)."""
+        parts = []
+        for view in self.views.values():
+            text = view.projection().instructions
+            if text:
+                parts.append(f"## {view.name}\n{text.strip()}")
+        return "\n\n".join(parts) if parts else None
+
+    def _discover(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
+        """2026-07-28: the session's aggregated capabilities and instructions."""
+        if self.era is not MODERN:
+            raise MethodNotFound(
+                "server/discover",
+                "server/discover belongs to protocol 2026-07-28; this session used initialize",
+            )
+        result = discover_result(SERVER_CAPABILITIES, self.registry.instructions(), SERVER_INFO)
+        self.reply(request_id(msg), response(request_id(msg), result))
+
+    def _listen(self, msg: Message, p: dict[str, Any], t: _params.Listen) -> None:
+        """2026-07-28: a stream carrying this session's list_changed and resources/updated.
+
+        Acknowledged at once; answered only when it ends (the session closing answers it with
+        SESSION_CLOSING). The client ends it with notifications/cancelled naming it, and gets
+        no answer then. Resource URIs count as subscriptions (P6). Never part of a batch.
+        """
+        if self.era is not MODERN:
+            raise MethodNotFound(
+                "subscriptions/listen",
+                "subscriptions/listen belongs to protocol 2026-07-28; this session used "
+                "initialize (use resources/subscribe and the notifications it sends)",
+            )
+        if self._batch is not None:
+            raise InvalidRequest(
+                "subscriptions/listen cannot be part of a batch: its answer comes only when "
+                "the stream ends, and the batch would wait for it"
+            )
+        honored = honored_filter(p.get("notifications"))
+        listen_id = request_id(msg)
+        kinds = frozenset(kind for kind, flag in LIST_FLAGS.items() if honored.get(flag))
+        uris = frozenset(honored.get("resourceSubscriptions", ()))
+        for uri in uris:
+            self._hold_uri(uri)
+        self.listens[listen_id] = _Listen(kinds, uris)
+        self.send(
+            notification(
+                "notifications/subscriptions/acknowledged",
+                {"notifications": honored, "_meta": {META_SUBSCRIPTION_ID: listen_id}},
+            )
+        )
+
+    def _close_listen(self, listen_id: Any) -> None:
+        listen = self.listens.pop(listen_id, None)
+        if listen is None:
+            return
+        held = {uri for other in self.listens.values() for uri in other.uris} | self.subscriptions
+        for uri in listen.uris - held:
+            self._let_go_uri(uri)
+
+    def _ping(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
+        self.send_result(msg, {})
+
+    def _list(self, msg: Message, t: _params.ListPage, kind: str, field: str) -> None:
+        gen = self.registry
+        items: tuple[dict[str, Any], ...] = getattr(gen, kind)
+        cursor = t.cursor
+        offset = _offset(cursor) if cursor is not None else 0
+        modern = self.era is MODERN
+        # Each page is encoded once per aggregate, era (a modern one carries more), page size
+        # and offset. Only offsets the daemon issues are cached (page boundaries within the
+        # list, and 0): a client's made-up cursors cannot grow the cache.
+        size = self.page_size
+        cacheable = offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
+        key = f"{kind}@{MODERN if modern else 'handshake'}/{self.page_size}"
+        if offset:
+            key = f"{key}+{offset}"
+        if cacheable:
+            cached = gen.encoded.get(key)
+            if cached is not None:
+                rid = request_id(msg)
+                self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(cached))) + b"\n")
+                return
+        page = items[offset : offset + self.page_size]
+        result: dict[str, Any] = {field: page}
+        if offset + self.page_size < len(items):
+            # Pages are cached on the shared aggregate: no per-session value in them.
+            result["nextCursor"] = _cursor(offset + self.page_size)
+        if modern:
+            result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
+        encoded = _encoder.encode(result)
+        if cacheable:
+            gen.encoded[key] = encoded
+        rid = request_id(msg)
+        self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(encoded))) + b"\n")
+
+    def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "tools", "tools")
+
+    def _prompts_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "prompts", "prompts")
+
+    def _resources_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "resources", "resources")
+
+    def _templates_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        self._list(msg, t, "resource_templates", "resourceTemplates")
+
+    def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
+        gen = self.registry
+        name = t.name
+        route = self._allows(gen.tool_route(name))
+        if route is None:
+            # A tool error, as the SDKs' own servers answer it: the model sees the text and can
+            # pick another tool (a JSON-RPC error would surface as a client failure instead).
+            self.send_result(
+                msg,
+                {
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": f"Unknown tool: {name} (no server of this session exposes it)",
+                        }
+                    ],
+                    "isError": True,
+                },
+            )
+            return
+        p["name"] = route.upstream_name
+        self._forward(msg, route.view, "tools/call", p, t.meta)
+
+    def _prompts_get(self, msg: Message, p: dict[str, Any], t: _params.PromptsGet) -> None:
+        name = t.name
+        route = self._allows(self.registry.prompt_route(name))
+        if route is None:
+            raise InvalidParams(
+                f"unknown prompt: {name}: no server of this session exposes it",
+                message=f"Unknown prompt: {name}",
+                prompt=name,
+            )
+        p["name"] = route.upstream_name
+        self._forward(msg, route.view, "prompts/get", p, t.meta)
+
+    def _resources_read(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
+        self._forward(msg, self._resource_view(t.uri), "resources/read", p, t.meta)
+
+    def _subscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
+        """P6: the upstream is subscribed once per URI, however many sessions ask."""
+        uri = t.uri
+        view = self._resource_view(uri)
+        assert view.handle is not None
+        self.subscriptions.add(uri)
+        if view.handle.entry.subscribe(view.handle, uri):
+            self._forward(msg, view, "resources/subscribe", p, t.meta)
+        else:
+            self.send_result(msg, {})
+
+    def _unsubscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
+        uri = t.uri
+        view = self._resource_view(uri)
+        assert view.handle is not None
+        self.subscriptions.discard(uri)
+        was_subscribed = uri in view.handle.subscriptions
+        if was_subscribed and view.handle.entry.unsubscribe(view.handle, uri):
+            self._forward(msg, view, "resources/unsubscribe", p, t.meta)
+        else:
+            self.send_result(msg, {})
+
+    def _hold_uri(self, uri: str) -> None:
+        """A listen stream's resource: subscribe the upstream if no session had it (P6)."""
+        try:
+            view = self._resource_view(uri)
+        except McpoolError:
+            return  # no server lists it: honored, and never fires
+        handle = view.handle
+        assert handle is not None
+        upstream = handle.entry.upstream
+        if handle.entry.subscribe(handle, uri) and upstream is not None and upstream.alive:
+            upstream.send_request(
+                "resources/subscribe", _encoder.encode({"uri": uri}), _ignore_reply
+            )
+
+    def _let_go_uri(self, uri: str) -> None:
+        try:
+            view = self._resource_view(uri)
+        except McpoolError:
+            return
+        handle = view.handle
+        assert handle is not None
+        upstream = handle.entry.upstream
+        if (
+            uri in handle.subscriptions
+            and handle.entry.unsubscribe(handle, uri)
+            and upstream is not None
+            and upstream.alive
+        ):
+            upstream.send_request(
+                "resources/unsubscribe", _encoder.encode({"uri": uri}), _ignore_reply
+            )
+
+    def _complete(self, msg: Message, p: dict[str, Any], t: _params.Complete) -> None:
+        ref = t.ref
+        if isinstance(ref, _params.PromptRef):
+            route = self._allows(self.registry.prompt_route(ref.name))
+            if route is None:
+                raise InvalidParams(
+                    f"unknown prompt: {ref.name}: no server of this session exposes it",
+                    prompt=ref.name,
+                )
+            p["ref"] = {**p["ref"], "name": route.upstream_name}
+            self._forward(msg, route.view, "completion/complete", p, t.meta)
+        else:
+            view = self._resource_view(ref.uri)
+            self._forward(msg, view, "completion/complete", p, t.meta)
+
+    def _set_level(self, msg: Message, p: dict[str, Any], t: _params.SetLevel) -> None:
+        level = t.level
+        if level not in LOG_LEVELS:
+            raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
+        self.log_level = level
+        self._apply_log_level(level)
+        self.send_result(msg, {})
+
+    def _apply_log_level(self, level: str) -> None:
+        for view in self.registry.views:
+            handle = view.handle
+            if handle is None:
+                continue
+            entry = handle.entry
+            before = entry.effective_log_level()
+            handle.log_level = level
+            after = entry.effective_log_level()
+            # A shared upstream logs at the most verbose level any of its sessions asked for;
+            # each session still receives only messages at or above its own level.
+            if (
+                after != before
+                and entry.upstream is not None
+                and "logging" in entry.snapshot.capabilities
+            ):
+                entry.upstream.send_request(
+                    "logging/setLevel", _encoder.encode({"level": after}), _ignore_reply
+                )
+
+
+_HANDLERS: dict[
+    str, tuple[Callable[[SessionRequests, Message, dict[str, Any], Any], None], type]
+] = {
+    "initialize": (SessionRequests._initialize, _params.Initialize),
+    "server/discover": (SessionRequests._discover, _params.Plain),
+    "subscriptions/listen": (SessionRequests._listen, _params.Listen),
+    "ping": (SessionRequests._ping, _params.Plain),
+    "tools/list": (SessionRequests._tools_list, _params.ListPage),
+    "tools/call": (SessionRequests._tools_call, _params.ToolsCall),
+    "prompts/list": (SessionRequests._prompts_list, _params.ListPage),
+    "prompts/get": (SessionRequests._prompts_get, _params.PromptsGet),
+    "resources/list": (SessionRequests._resources_list, _params.ListPage),
+    "resources/templates/list": (SessionRequests._templates_list, _params.ListPage),
+    "resources/read": (SessionRequests._resources_read, _params.ResourceUri),
+    "resources/subscribe": (SessionRequests._subscribe, _params.ResourceUri),
+    "resources/unsubscribe": (SessionRequests._unsubscribe, _params.ResourceUri),
+    "completion/complete": (SessionRequests._complete, _params.Complete),
+    "logging/setLevel": (SessionRequests._set_level, _params.SetLevel),
+}
