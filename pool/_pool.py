@@ -266,24 +266,6 @@ class Pool:
         entry.snapshot = from_record(record, entry.snapshot.generation + 1)
         entry.ready.set()
 
-    async def wait_up(self, entry: PoolEntry) -> Upstream | None:
-        """A request for an entry that is still starting from a cached snapshot waits for its
-        upstream, bounded by the entry's start timeout; None when it did not come up."""
-        with trio.move_on_after(_start_timeout(entry)):
-            while True:
-                upstream = entry.upstream
-                if upstream is not None and upstream.alive:
-                    return upstream
-                if (
-                    entry.closing
-                    or entry.state in TERMINAL_STATES
-                    or entry.state is EntryState.CRASH_LOOP
-                    or not entry.snapshot.cached
-                ):
-                    return None
-                await entry.state_changed.wait()
-        return None
-
     def _store_snapshot(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
         """Keep a live discovery for the next cold start (written off the supervisor's path)."""
         store = self._snapshots

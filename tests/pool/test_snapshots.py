@@ -35,6 +35,21 @@ from mcpool.pool._snapshots import from_record, invalidation, to_record
 START_TIMEOUT_MS = 4000  # the entry's `timeout`: how long a call waits for a cached server
 
 
+async def when_up(entry: PoolEntry) -> str | None:
+    """Park like a session's request for a starting server (`PoolEntry.when_up`): None once the
+    upstream is up, else the error the start ended with."""
+    settled = trio.Event()
+    outcome: list[str | None] = []
+
+    def resume(error: str | None) -> None:
+        outcome.append(error)
+        settled.set()
+
+    entry.when_up(resume)
+    await settled.wait()
+    return outcome[0]
+
+
 class Listener:
     def __init__(self) -> None:
         self.seen: list[Snapshot] = []
@@ -102,7 +117,7 @@ async def test_a_stored_snapshot_is_the_first_snapshot_and_a_request_waits_for_t
         got: list[object] = []
 
         async def request() -> None:
-            got.append(await pool.wait_up(entry))
+            got.append(await when_up(entry))
 
         nursery.start_soon(request)
         await trio.sleep(1.0)
@@ -110,7 +125,8 @@ async def test_a_stored_snapshot_is_the_first_snapshot_and_a_request_waits_for_t
         server.current.server_info = {"name": "srv", "version": "1.0"}
         gate.set()
         await trio.testing.wait_all_tasks_blocked()
-        assert got == [server.current]
+        assert got == [None]  # up: the parked request goes on
+        assert entry.upstream is server.current
         assert not entry.snapshot.cached
         assert [t["name"] for t in entry.snapshot.tools] == ["alpha", "beta"]
         assert describe_snapshot(entry.snapshot) == "live"
@@ -134,7 +150,8 @@ async def test_a_request_waits_no_longer_than_the_entrys_start_timeout(
         pool = _pool(nursery, FakeNet(srv=server), store, Logs())
         handle = await pool.acquire(IDENTITY, SETTINGS, "s1", Listener())
         start = trio.current_time()
-        assert await pool.wait_up(handle.entry) is None
+        error = await when_up(handle.entry)
+        assert error is not None and "did not start within 4 s" in error, error
         assert trio.current_time() - start == pytest.approx(START_TIMEOUT_MS / 1000)
         nursery.cancel_scope.cancel()
 
@@ -154,7 +171,8 @@ async def test_a_changed_server_version_drops_the_stored_record(
         await trio.testing.wait_all_tasks_blocked()
         server.current.server_info = {"name": "srv", "version": "2.0"}
         gate.set()
-        assert await pool.wait_up(handle.entry) is server.current
+        assert await when_up(handle.entry) is None
+        assert handle.entry.upstream is server.current
         await trio.testing.wait_all_tasks_blocked()
         assert [t["name"] for t in handle.entry.snapshot.tools] == ["new"]
         saved = store.load(IDENTITY.fingerprint)
@@ -180,7 +198,6 @@ async def test_without_a_stored_snapshot_the_first_start_is_waited_for(
         await trio.testing.wait_all_tasks_blocked()
         assert not handle.entry.ready.is_set()
         assert describe_snapshot(handle.entry.snapshot) == "none"
-        assert await pool.wait_up(handle.entry) is None  # nothing cached: no waiting here
         gate.set()
         await handle.entry.ready.wait()
         await trio.testing.wait_all_tasks_blocked()
