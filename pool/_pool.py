@@ -541,9 +541,7 @@ class Pool:
 
     async def _run_once(self, entry: PoolEntry) -> str | None:
         """One connection's life. Returns None after a clean close, else why it failed."""
-        timeout = (
-            entry.identity.timeout / 1000.0 if entry.identity.timeout else DEFAULT_SPAWN_TIMEOUT
-        )
+        timeout = _start_timeout(entry)
         events = _EntryEvents(self, entry)
         upstream = self._upstream_factory(
             entry.identity,
@@ -618,6 +616,7 @@ class Pool:
 
 
 def _start_timeout(entry: PoolEntry) -> float:
+    """The entry's `timeout` setting, which bounds a start and each relist."""
     return entry.identity.timeout / 1000.0 if entry.identity.timeout else DEFAULT_SPAWN_TIMEOUT
 
 
@@ -886,11 +885,7 @@ class _EntryEvents:
     async def _relist(self, kind: str, method: str, field: str) -> None:
         upstream = self.upstream
         assert upstream is not None
-        timeout = (
-            self.entry.identity.timeout / 1000.0
-            if self.entry.identity.timeout
-            else DEFAULT_SPAWN_TIMEOUT
-        )
+        timeout = _start_timeout(self.entry)
         try:
             while True:
                 self._relisting[kind] = False
