@@ -1,0 +1,107 @@
+"""Input requests across the eras, with the SDK on both ends (issue 18): a tool that asks its
+client for input (an elicitation, a sampling, or one then the other) through mcpool, in both
+directions of era mismatch.
+
+- A 2026-07-28 client (`mcp.Client`) on a handshake-era upstream: the upstream sends
+  `elicitation/create` / `sampling/createMessage` in the middle of the call; mcpool answers the
+  client's call with an `input_required` result carrying them, keeps the upstream's call open,
+  and answers the upstream once the client retries with its inputResponses.
+- A 2025-11-25 client on a 2026-07-28 upstream: the upstream answers `input_required`; mcpool
+  asks the client with the server-to-client requests and retries the upstream call.
+
+The upstream is tests/e2e/sdk_asking_upstream.py (an SDK 2.x server; `--handshake` keeps it in
+the handshake era), so each side is the SDK's own implementation of its era."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+import trio
+from mcp import Client, StdioServerParameters
+
+from e2e.harness import DaemonFactory, attach_args, write_settings
+from e2e.support import text_of
+
+ASKING_UPSTREAM = Path(__file__).with_name("sdk_asking_upstream.py")
+# Spawn, era probe and discovery of a Python upstream, plus the rounds through the bridge.
+WAIT = 30.0
+
+EXPECTED = {
+    "ask_name": ("hello Ada", ["elicitation"]),
+    "ask_model": ("model says Paris", ["sampling"]),
+    "ask_both": ("Ada: Paris", ["elicitation", "sampling"]),
+}
+
+
+class Asked:
+    """The client's callbacks, recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    async def sampling(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        self.kinds.append("sampling")
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="Paris"), model="fake"
+        )
+
+    async def elicitation(
+        self, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        self.kinds.append("elicitation")
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+
+async def _call_through_mcpool(
+    daemon_factory: DaemonFactory, *, client_mode: str, upstream_args: list[str], tool: str
+) -> tuple[str, list[str], str, str]:
+    d = await daemon_factory()
+    upstream = {"command": sys.executable, "args": [str(ASKING_UPSTREAM), *upstream_args]}
+    settings = write_settings(d.root / "s.json", {"up": upstream})
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=attach_args(d.sock, [settings], "asker"),
+        env=d.attach_env(),
+        cwd=d.root,
+    )
+    asked = Asked()
+    with trio.fail_after(WAIT):
+        async with Client(
+            params,
+            mode=client_mode,  # type: ignore[arg-type]
+            sampling_callback=asked.sampling,
+            elicitation_callback=asked.elicitation,
+        ) as client:
+            result = await client.call_tool(f"up__{tool}", {})
+            version = client.protocol_version
+    assert not result.is_error, result
+    (server,) = await d.ctl("servers")
+    return text_of(result), asked.kinds, version, server["era"]
+
+
+@pytest.mark.parametrize("tool", sorted(EXPECTED))
+async def test_a_2026_client_answers_a_handshake_upstreams_input_requests(
+    daemon_factory: DaemonFactory, tool: str
+) -> None:
+    text, kinds, version, era = await _call_through_mcpool(
+        daemon_factory, client_mode="2026-07-28", upstream_args=["--handshake"], tool=tool
+    )
+    assert (version, era) == ("2026-07-28", "handshake")
+    assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
+
+
+@pytest.mark.parametrize("tool", sorted(EXPECTED))
+async def test_a_2025_client_answers_a_2026_upstreams_input_required(
+    daemon_factory: DaemonFactory, tool: str
+) -> None:
+    text, kinds, version, era = await _call_through_mcpool(
+        daemon_factory, client_mode="legacy", upstream_args=[], tool=tool
+    )
+    assert (version, era) == ("2025-11-25", "modern")
+    assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
