@@ -149,6 +149,12 @@ class HttpUpstream(Upstream):
             return None
         return getattr(self._pending.get(self._related), "handle", None)
 
+    @property
+    def related_request(self) -> Any:
+        """The reply callback of that request (a session's call in flight), if any: the session
+        finds which of its calls a server-to-client request belongs to (issue 18)."""
+        return None if self._related is None else self._pending.get(self._related)
+
     def forget(self, uid: int) -> bool:
         # A cancelled request's POST stream is closed too: nothing on it is wanted any more
         # (and for a modern server, closing the stream is the cancellation).

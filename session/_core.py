@@ -21,6 +21,7 @@ from mcpool import __version__
 from mcpool.pool import Pool
 from mcpool.protocol import (
     INVALID_PARAMS,
+    INVALID_REQUEST,
     RESOURCE_NOT_FOUND,
     SESSION_CLOSING,
     McpoolError,
@@ -51,6 +52,8 @@ class SessionCore:
         "_budget_settings",
         "_dirty",
         "_dropped",
+        "_hold_timer",
+        "_holding",
         "_log",
         "_notify_wake",
         "_notifying",
@@ -138,6 +141,8 @@ class SessionCore:
     _batch: Batch | None
     _dropped: set[str]
     _parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]]
+    _holding: list[_InFlight]
+    _hold_timer: bool
 
     def release_all(self) -> None:
         for view in self.views.values():
@@ -197,6 +202,8 @@ class SessionCore:
         self.closed = True
         self.close_reason = reason
         self._answer_unfinished(reason)
+        for flight in list(self._holding):
+            self._let_go_held(flight, "the session that owned this request disconnected", reason)
         for relay in self.relayed.values():
             relay.upstream.respond_error(
                 relay.upstream_id,
@@ -241,6 +248,45 @@ class SessionCore:
         if lines:
             with contextlib.suppress(Exception):  # the peer is gone: nobody to tell
                 self.out.write(b"".join(lines))
+
+    # -- calls held for a modern client's retry (session/_input.py) -----------------------------
+
+    def _held_answered(self, flight: _InFlight, msg: Message) -> None:
+        """A held call's upstream answered it: the input requests still pending are moot (each
+        gets an error, so the upstream never waits on them); kept for the retry when no request
+        waits for the answer, else the call is no longer held."""
+        held = flight.held
+        assert held is not None
+        self._refuse_asks(flight, "the call they were asked for has ended")
+        if held.waiting:
+            if flight in self._holding:
+                self._holding.remove(flight)
+        else:
+            held.final = msg
+
+    def _refuse_asks(self, flight: _InFlight, why: str, reason: str | None = None) -> None:
+        held = flight.held
+        if held is None:
+            return
+        asks, held.asks = held.asks, {}
+        for ask in asks.values():
+            flight.upstream.respond_error(
+                ask.upstream_id,
+                SESSION_CLOSING if reason is not None else INVALID_REQUEST,
+                why,
+                {"reason": reason if reason is not None else why, "session": self.id},
+            )
+
+    def _let_go_held(self, flight: _InFlight, why: str, reason: str) -> None:
+        """Give up a held call no request waits for (a retry that never came, or the session
+        closed): its upstream's pending input requests get an error and its call is cancelled."""
+        if flight in self._holding:
+            self._holding.remove(flight)
+        self._refuse_asks(flight, why, reason)
+        if flight.uid >= 0:
+            flight.upstream.cancel(flight.uid, reason)
+        flight.held = None
+        flight.finish()
 
     def _fault(self, where: str, exc: BaseException) -> None:
         """An unexpected exception in session code run by a task others share: log it with

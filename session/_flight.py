@@ -1,7 +1,8 @@
 """Requests in flight between a session and its upstreams: a forwarded request and its reply
 callback (`_InFlight`), a request an upstream sent the client (`_Relayed`), an input_required
 round a handshake-era client answers (`_InputRound`), and a modern client's listen stream
-(`_Listen`).
+(`_Listen`). A modern client's call whose handshake-era upstream asked for input is an
+`_InFlight` with a `held` state machine (session/_input.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mcpool.protocol import (
 
 from . import _params
 from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
+from ._input import Held, Subject
 
 _encoder = msgspec.json.Encoder()
 
@@ -62,11 +64,13 @@ class _InFlight:
         "client_id",
         "entry",
         "handle",
+        "held",
         "params",
         "plan",
         "progress",
         "rounds",
         "session",
+        "subject",
         "uid",
         "upstream",
     )
@@ -86,6 +90,10 @@ class _InFlight:
         # input_required answer can be retried with the client's input (`_InputRound`).
         self.params: dict[str, Any] | None = None
         self.rounds = 0
+        # A modern session's call to a handshake-era upstream: what a retry must match, and,
+        # once the upstream asked for input, the held call's state (session/_input.py).
+        self.subject: Subject | None = None
+        self.held: Held | None = None
         self.batch: Batch | None = session._batch  # the batch this request came in, if any
         handle.in_flight += 1
 
@@ -106,6 +114,12 @@ class _InFlight:
         # unexpected failure here closes this session only (see the module docstring).
         s = self.session
         try:
+            if self.held is not None:
+                s._held_answered(self, msg)
+                if not self.held.waiting:
+                    self.finish()
+                    return  # no request waits for it: the client's retry gets it
+                self.held = None
             self.finish()
             if s.closed:
                 return

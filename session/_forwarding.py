@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from msgspec import UNSET, Raw, UnsetType
 
 from mcpool.pool import Upstream
@@ -25,12 +26,24 @@ from mcpool.protocol import (
     decode_params,
     encode,
     notification,
+    response,
 )
 
 from . import _params
 from ._core import _NO_PARKED, SessionCore
 from ._eras import MODERN, plan_for
 from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Relayed
+from ._input import (
+    HOLDABLE,
+    INPUT_METHODS,
+    INPUT_RETRY_TIMEOUT,
+    MAX_HELD_CALLS,
+    Held,
+    InputRefused,
+    StateRejected,
+    is_ours,
+    subject_of,
+)
 from ._view import SessionView
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -56,6 +69,9 @@ class SessionForwarding(SessionCore):
     ) -> None:
         handle = view.handle
         assert handle is not None
+        if self.era is MODERN and is_ours(params.get("requestState")):
+            self._retry_held(msg, view, method, params)  # a held call carries on
+            return
         entry = handle.entry
         upstream = entry.upstream
         if upstream is None or not upstream.alive:
@@ -92,12 +108,139 @@ class SessionForwarding(SessionCore):
             )
         elif session_modern:
             flight.plan = plan_for(method, session_modern=True, upstream_modern=False)
+            if method in HOLDABLE:
+                # The upstream may ask for input mid-call: a retry must match this request.
+                flight.subject = subject_of(method, view.name, params)
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise
+
+    # -- a modern client's call held across input rounds (session/_input.py) --------------------
+
+    def _retry_held(
+        self, msg: Message, view: SessionView, method: str, params: dict[str, Any]
+    ) -> None:
+        """A modern client's retry carrying mcpool's requestState: its answers go to the
+        upstream's pending input requests, and it takes over the held call."""
+        state = params["requestState"]
+        flight = next((f for f in self._holding if f.held and f.held.state == state), None)
+        if flight is None or flight.held is None:
+            raise StateRejected(
+                "the requestState is unknown to this session (expired, already used, or "
+                "another session's): send the request again without it",
+                requestState="unknown",
+            )
+        held = flight.held
+        now = trio.current_time()
+        if held.expired(now):
+            self._let_go_held(flight, "the client's retry came too late", "no retry in time")
+        responses = params.get("inputResponses")
+        retry = held.retry(
+            subject_of(method, view.name, params),
+            responses if isinstance(responses, dict) else {},
+            now,
+        )
+        for ask, answer in retry.answers:
+            flight.upstream.respond(ask.upstream_id, answer)
+        flight.client_id, flight.batch = msg.id, self._batch
+        if retry.then == "final":
+            final, flight.held = held.final, None
+            self._holding.remove(flight)
+            flight(final)  # answered while no request waited: this retry's answer
+        elif retry.then == "ask":
+            self._send_input_required(flight)
+        else:
+            self.inflight[msg.id] = flight
+
+    def _send_input_required(self, flight: _InFlight) -> None:
+        """Answer the request waiting on a held call with the upstream's input requests; the
+        upstream's call stays open for the retry, bounded by INPUT_RETRY_TIMEOUT."""
+        held = flight.held
+        assert held is not None
+        result = held.input_required(trio.current_time())
+        if self.inflight.get(flight.client_id) is flight:
+            del self.inflight[flight.client_id]
+        self.deliver(flight.batch, response(flight.client_id, result))
+        if not self._hold_timer and self.spawn is not None:
+            self._hold_timer = True
+            self.spawn(self._expire_held)
+
+    async def _expire_held(self) -> None:
+        """Let go of each held call whose retry did not come in time (one task per session,
+        while any call waits for a retry)."""
+        try:
+            while not self.closed:
+                deadlines = [
+                    f.held.deadline for f in self._holding if f.held and not f.held.waiting
+                ]
+                if not deadlines:
+                    return
+                await trio.sleep_until(min(deadlines))
+                now = trio.current_time()
+                for flight in list(self._holding):
+                    if flight.held is not None and flight.held.expired(now):
+                        self._let_go_held(
+                            flight,
+                            f"the client did not retry within {INPUT_RETRY_TIMEOUT:g} s",
+                            "no retry in time",
+                        )
+        finally:
+            self._hold_timer = False
+
+    def _ask_modern(self, upstream: Upstream, msg: Message, method: str) -> str | None:
+        """A handshake-era upstream's input request for this modern session (P5: it belongs to
+        the call in flight): the call's answer becomes an input_required result carrying it."""
+        capability = INPUT_METHODS.get(method)
+        if capability is None:
+            return (
+                f"the session speaks protocol {self.protocol_version}, where servers send no "
+                f"requests; {method} cannot reach it"
+            )
+        if capability not in self.client_capabilities:
+            return f"the session does not support {method} (no {capability} capability)"
+        if self.spawn is None:
+            return (
+                f"{method} reaches a {self.protocol_version} client through mcpool's socket "
+                "sessions only (over HTTP each such request is a session of its own)"
+            )
+        flight = self._asking_flight(upstream)
+        if flight is None:
+            return (
+                f"mcpool cannot tell which call of the session {method} belongs to (none, or "
+                "several, of its calls to this server are in flight)"
+            )
+        if flight.subject is None:
+            return (
+                f"{method} came during a request that cannot take input (only {sorted(HOLDABLE)})"
+            )
+        params = decode_params(msg.params) if msg.params is not UNSET else None
+        if flight.held is None:
+            if len(self._holding) >= MAX_HELD_CALLS:
+                return f"the session already has {MAX_HELD_CALLS} calls waiting for its input"
+            flight.held = Held(flight.subject)
+            self._holding.append(flight)
+        try:
+            flight.held.ask(msg.id, method, params)
+        except InputRefused as exc:
+            return exc.reason
+        if flight.held.waiting:
+            self._send_input_required(flight)
+        return None
+
+    def _asking_flight(self, upstream: Upstream) -> _InFlight | None:
+        """The one call of this session an upstream's request belongs to: the request whose
+        stream it came on (HTTP), else the only call of the session to that server still open."""
+        related = getattr(upstream, "related_request", None)
+        if isinstance(related, _InFlight):
+            return related if related.session is self else None
+        open_calls = {id(f): f for f in self.inflight.values() if f.upstream is upstream}
+        for f in self._holding:
+            if f.upstream is upstream and f.uid >= 0:
+                open_calls[id(f)] = f
+        return next(iter(open_calls.values())) if len(open_calls) == 1 else None
 
     def _park(
         self,
@@ -179,6 +322,9 @@ class SessionForwarding(SessionCore):
                     if c.reason is not None:
                         out["reason"] = c.reason
                     self.send(notification(method, out))
+            for flight in self._holding:
+                if flight.upstream is handle_upstream and flight.held is not None:
+                    flight.held.drop(c.requestId)
             return
         if method == "notifications/message":
             if self.era is MODERN and self.log_level is None:
@@ -225,10 +371,7 @@ class SessionForwarding(SessionCore):
     def _server_request(self, upstream: Upstream, msg: Message) -> str | None:
         method = msg.method if isinstance(msg.method, str) else ""
         if self.era is MODERN:
-            return (
-                f"the session speaks protocol {self.protocol_version}, where servers send no "
-                f"requests; {method} cannot reach it"
-            )
+            return self._ask_modern(upstream, msg, method)
         capability = _CLIENT_CAPABILITY.get(method)
         if capability is not None and capability not in self.client_capabilities:
             return f"the session does not support {method} (no {capability} capability)"

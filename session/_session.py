@@ -152,3 +152,7 @@ class Session(SessionRequests):
         # Requests waiting for their server's first start: client id -> (waiter, batch); a
         # dict only once one waits (most sessions never have one).
         self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = _NO_PARKED
+        # Modern calls held for the client's retry with its input (session/_input.py), and
+        # whether the task that ends those whose retry never comes is running.
+        self._holding: list[_InFlight] = []
+        self._hold_timer = False
