@@ -221,7 +221,10 @@ class SessionRequests(SessionGenerations):
                 if whole is not None:
                     self.send(whole)
             if flight is not None:
-                flight.upstream.cancel(flight.uid, c.reason or "cancelled by the client")
+                why = c.reason or "cancelled by the client"
+                if flight.held is not None:  # a retry waiting on a held call: it ends too
+                    self._let_go_held(flight, "the client cancelled the call", why)
+                flight.upstream.cancel(flight.uid, why)
                 flight.finish()
                 if flight.batch is not None:
                     # A cancelled request gets no answer; its batch must not wait for one.

@@ -242,6 +242,20 @@ async def test_a_session_that_closes_lets_go_of_its_held_calls(nursery: trio.Nur
     assert [c[0] for c in up.cancelled] == [uid]
 
 
+async def test_a_cancelled_retry_cancels_the_held_call(nursery: trio.Nursery) -> None:
+    net, (client,) = await attached(nursery)
+    client.call(1)
+    up = upstream_of(net)
+    ((uid, _, _),) = up.sent
+    up.ask(70, "elicitation/create", ELICIT)
+    state = client.answer(1)["result"]["requestState"]
+    client.call(2, inputResponses={"elicitation-1": NAME}, requestState=state)
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+    client.session.handle_line(json.dumps(cancel).encode())
+    assert [c[0] for c in up.cancelled] == [uid]
+    assert not client.session._holding and not client.session.inflight
+
+
 async def test_input_the_client_cannot_give_is_refused_to_the_upstream(
     nursery: trio.Nursery,
 ) -> None:
