@@ -31,7 +31,7 @@ from mcpool.protocol import (
 
 from . import _params
 from ._core import _NO_PARKED, SessionCore
-from ._eras import MODERN, plan_for
+from ._eras import HANDSHAKE, MODERN, plan_for
 from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Relayed
 from ._input import (
     HOLDABLE,
@@ -74,6 +74,13 @@ class SessionForwarding(SessionCore):
             return
         entry = handle.entry
         upstream = entry.upstream
+        if self.era is MODERN and "requestState" in params and entry.era == HANDSHAKE:
+            # A handshake-era server issues no requestState: this one is nobody's (MRTR: reject).
+            raise StateRejected(
+                f"server '{view.name}' speaks a protocol without input_required, and this "
+                "requestState is not one mcpool issued",
+                requestState="unknown",
+            )
         if upstream is None or not upstream.alive:
             if entry.starting_up:
                 self._park(msg, view, method, params, meta)

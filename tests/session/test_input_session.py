@@ -196,6 +196,13 @@ async def test_a_forged_or_misplaced_state_is_rejected_and_the_call_still_waits(
     assert up.answers == [(70, NAME)]
 
 
+async def test_a_foreign_state_never_reaches_a_handshake_era_server(nursery: trio.Nursery) -> None:
+    net, (client,) = await attached(nursery)
+    client.call(1, requestState="someone-elses", inputResponses={})
+    assert client.answer(1)["error"]["data"]["requestState"] == "unknown"
+    assert upstream_of(net).sent == []
+
+
 async def test_a_state_is_good_for_one_retry_and_for_its_own_session_only(
     nursery: trio.Nursery,
 ) -> None:
