@@ -6,8 +6,9 @@ server-to-client request in the middle of the call on a handshake-era connection
 `input_required` result answered by the client's retry on a 2026-07-28 one.
 
 `--handshake` makes it a handshake-era server: it never opens the modern era (the SDK decides a
-connection's era from its first request; here no request opens it), so mcpool's
-`server/discover` probe fails and it speaks `initialize`.
+connection's era from its first request; here no request opens it; over HTTP a request naming a
+modern protocol version gets a JSON-RPC error), so mcpool's `server/discover` probe fails and it
+speaks `initialize`. `--http PORT`: streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.
 
 Tools: `ask_name` (elicits a name), `ask_model` (samples the client's model), `ask_both` (elicits
 a name, then samples the model about it: two rounds).
@@ -15,11 +16,12 @@ a name, then samples the model about it: two rounds).
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import mcp_types as types
-from mcp.server import runner
+from mcp.server import runner, streamable_http_manager
 from mcp.server.mcpserver import Elicit, MCPServer, Resolve, Sample
 from pydantic import BaseModel
 
@@ -70,7 +72,23 @@ def ask_both(
     return f"{name.name}: {_text(greeting)}"
 
 
+async def _no_modern_era(app: Any, security: Any, json_response: Any, *args: Any) -> None:
+    """Stands in for the SDK's modern HTTP entry: every modern request is refused."""
+    _scope, _receive, send = args[-3:]
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32601, "message": "handshake only"}}
+    ).encode()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 if __name__ == "__main__":
     if "--handshake" in sys.argv:
         runner._has_modern_envelope = lambda params: False  # type: ignore[attr-defined]
-    server.run("stdio")
+        streamable_http_manager.handle_modern_request = _no_modern_era  # type: ignore[assignment]
+    if "--http" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--http") + 1])
+        server.run("streamable-http", host="127.0.0.1", port=port)
+    else:
+        server.run("stdio")

@@ -14,7 +14,11 @@ the handshake era), so each side is the SDK's own implementation of its era."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from mcp import Client, StdioServerParameters
 
 from e2e.harness import DaemonFactory, attach_args, write_settings
 from e2e.support import text_of
+from e2e.test_http import free_port, wait_listening
 
 ASKING_UPSTREAM = Path(__file__).with_name("sdk_asking_upstream.py")
 # Spawn, era probe and discovery of a Python upstream, plus the rounds through the bridge.
@@ -58,11 +63,39 @@ class Asked:
         return types.ElicitResult(action="accept", content={"name": "Ada"})
 
 
+@asynccontextmanager
+async def asking_http_upstream(tmp_path: Path, *args: str) -> AsyncIterator[dict[str, Any]]:
+    """The asking upstream over streamable HTTP on a free loopback port: its settings entry."""
+    port = free_port()
+    log = tmp_path / f"asking-{port}.log"
+    with log.open("ab") as out:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, str(ASKING_UPSTREAM), *args, "--http", str(port)],
+            env=dict(os.environ),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        await wait_listening(port, proc, log)
+        yield {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}
+    finally:
+        proc.kill()
+        with trio.move_on_after(5):
+            await proc.wait()
+
+
 async def _call_through_mcpool(
-    daemon_factory: DaemonFactory, *, client_mode: str, upstream_args: list[str], tool: str
+    daemon_factory: DaemonFactory,
+    *,
+    client_mode: str,
+    upstream_args: list[str],
+    tool: str,
+    upstream: dict[str, Any] | None = None,
 ) -> tuple[str, list[str], str, str]:
     d = await daemon_factory()
-    upstream = {"command": sys.executable, "args": [str(ASKING_UPSTREAM), *upstream_args]}
+    if upstream is None:
+        upstream = {"command": sys.executable, "args": [str(ASKING_UPSTREAM), *upstream_args]}
     settings = write_settings(d.root / "s.json", {"up": upstream})
     params = StdioServerParameters(
         command=sys.executable,
@@ -92,6 +125,19 @@ async def test_a_2026_client_answers_a_handshake_upstreams_input_requests(
     text, kinds, version, era = await _call_through_mcpool(
         daemon_factory, client_mode="2026-07-28", upstream_args=["--handshake"], tool=tool
     )
+    assert (version, era) == ("2026-07-28", "handshake")
+    assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
+
+
+@pytest.mark.parametrize("tool", ["ask_name", "ask_model"])
+async def test_a_2026_client_answers_a_handshake_http_upstreams_input_requests(
+    daemon_factory: DaemonFactory, tmp_path: Path, tool: str
+) -> None:
+    # Over HTTP the upstream's request comes on the stream of the call it belongs to (P5).
+    async with asking_http_upstream(tmp_path, "--handshake") as upstream:
+        text, kinds, version, era = await _call_through_mcpool(
+            daemon_factory, client_mode="2026-07-28", upstream_args=[], tool=tool, upstream=upstream
+        )
     assert (version, era) == ("2026-07-28", "handshake")
     assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
 
