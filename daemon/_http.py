@@ -738,6 +738,22 @@ class HttpEndpoint:
             raise _rpc_error(404, INVALID_REQUEST, "Session not found", f"no session {sid}")
         return hs
 
+    def _holder_of(self, requests: list[Message]) -> _HttpSession | None:
+        """The one-POST session holding the call a lone 2026-07-28 retry carries on (its
+        requestState names the call: session/_input.py), if any."""
+        if len(requests) != 1 or requests[0].params is UNSET:
+            return None
+        try:
+            state = decode_params(requests[0].params).get("requestState")
+        except McpoolError:
+            return None
+        if state is None:
+            return None
+        for hs in self.sessions.values():
+            if hs.ephemeral and not hs.session.closed and hs.session.holds_state(state):
+                return hs
+        return None
+
     async def _post(
         self,
         stream: trio.SocketStream,
@@ -779,6 +795,8 @@ class HttpEndpoint:
         extra: list[tuple[str, str]] = []
         hs = self._session_of(headers, required=False)
         if hs is None:
+            hs = self._holder_of(requests)  # a retry goes to the session holding its call
+        if hs is None:
             modern = headers.get("mcp-protocol-version") in MODERN_VERSIONS
             if not any(m.method == "initialize" for m in requests) and not modern:
                 raise _rpc_error(
@@ -804,7 +822,9 @@ class HttpEndpoint:
             await self._stream(stream, conn, out, extra)
         finally:
             out.close()
-            if hs.ephemeral:
+            if hs.ephemeral and not hs.session.awaiting_retry:
+                # Held for the client's retry (its input_required): it ends with the retry's
+                # POST, or idle (SESSION_IDLE, past the retry's own bound).
                 hs.session.close("the request is over")
             hs.touch()
         return None
@@ -941,7 +961,9 @@ class HttpEndpoint:
         try:
             async with trio.open_nursery() as nursery:
                 session.on_close = lambda _s: nursery.cancel_scope.cancel()
-                nursery.start_soon(session.run_notifier)
+                # As on the socket: a notifier task only while one is due; and the task that
+                # bounds a held call's wait for its retry (session/_input.py).
+                session.spawn = nursery.start_soon
                 nursery.start_soon(self.host.apply_to_session, hs.state)
                 hs.touch()
                 with hs.idle:

@@ -32,6 +32,7 @@ from mcpool.protocol import (
 
 from ._eras import MODERN, Batch, modern_result
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
+from ._input import is_ours
 from ._registry import RegistryGeneration, Route
 from ._view import SessionView
 
@@ -250,6 +251,18 @@ class SessionCore:
                 self.out.write(b"".join(lines))
 
     # -- calls held for a modern client's retry (session/_input.py) -----------------------------
+
+    @property
+    def awaiting_retry(self) -> bool:
+        """Whether a held call waits for the client's retry (an HTTP endpoint keeps a one-POST
+        session open for it)."""
+        return any(f.held is not None and not f.held.waiting for f in self._holding)
+
+    def holds_state(self, state: Any) -> bool:
+        """Whether this session issued `state` for a held call still waiting for its retry."""
+        return is_ours(state) and any(
+            f.held is not None and f.held.state == state for f in self._holding
+        )
 
     def _held_answered(self, flight: _InFlight, msg: Message) -> None:
         """A held call's upstream answered it: the input requests still pending are moot (each

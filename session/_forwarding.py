@@ -209,10 +209,7 @@ class SessionForwarding(SessionCore):
         if capability not in self.client_capabilities:
             return f"the session does not support {method} (no {capability} capability)"
         if self.spawn is None:
-            return (
-                f"{method} reaches a {self.protocol_version} client through mcpool's socket "
-                "sessions only (over HTTP each such request is a session of its own)"
-            )
+            return f"this session has no task to bound a wait for its retry; {method} refused"
         flight = self._asking_flight(upstream)
         if flight is None:
             return (

@@ -30,6 +30,7 @@ from mcp import Client, StdioServerParameters
 from e2e.harness import DaemonFactory, attach_args, write_settings
 from e2e.support import text_of
 from e2e.test_http import free_port, wait_listening
+from e2e.test_http_fence import LISTEN_POLL
 
 ASKING_UPSTREAM = Path(__file__).with_name("sdk_asking_upstream.py")
 # Spawn, era probe and discovery of a Python upstream, plus the rounds through the bridge.
@@ -140,6 +141,39 @@ async def test_a_2026_client_answers_a_handshake_http_upstreams_input_requests(
         )
     assert (version, era) == ("2026-07-28", "handshake")
     assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
+
+
+@pytest.mark.parametrize("tool", ["ask_name", "ask_model"])
+async def test_a_2026_client_of_the_http_endpoint_answers_a_handshake_upstream(
+    daemon_factory: DaemonFactory, tool: str
+) -> None:
+    # `mcpool daemon --http`: each 2026-07-28 request is a session of its own; the one holding
+    # the call stays until the retry, which its requestState routes to it.
+    upstream = {"command": sys.executable, "args": [str(ASKING_UPSTREAM), "--handshake"]}
+    d = await daemon_factory({"up": upstream}, start=False)
+    port = free_port()
+    argv = d.argv()
+    d.argv = lambda: [*argv, "--http", f"127.0.0.1:{port}"]  # type: ignore[method-assign]
+    await d.start()
+    asked = Asked()
+    with trio.fail_after(WAIT):
+        while True:
+            try:
+                await (await trio.open_tcp_stream("127.0.0.1", port)).aclose()
+                break
+            except OSError:
+                await trio.sleep(LISTEN_POLL)
+        async with Client(
+            f"http://127.0.0.1:{port}/mcp",
+            mode="2026-07-28",
+            sampling_callback=asked.sampling,
+            elicitation_callback=asked.elicitation,
+        ) as client:
+            result = await client.call_tool(f"up__{tool}", {})
+    assert not result.is_error, result
+    assert (text_of(result), asked.kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
+    (server,) = await d.ctl("servers")
+    assert server["era"] == "handshake"
 
 
 @pytest.mark.parametrize("tool", sorted(EXPECTED))

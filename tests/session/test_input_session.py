@@ -293,12 +293,12 @@ async def test_a_request_no_single_call_owns_is_refused(nursery: trio.Nursery) -
 async def test_without_a_task_to_bound_the_wait_the_session_refuses(
     nursery: trio.Nursery,
 ) -> None:
-    net, (client,) = await attached(nursery, spawn=False)  # an HTTP endpoint's one-POST session
+    net, (client,) = await attached(nursery, spawn=False)
     client.call(1)
     up = upstream_of(net)
     up.ask(70, "elicitation/create", ELICIT)
     ((_, _, message),) = up.refusals
-    assert "socket sessions only" in message
+    assert "no task to bound a wait for its retry" in message
 
 
 async def test_held_calls_are_bounded_per_session(nursery: trio.Nursery) -> None:
