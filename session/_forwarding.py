@@ -1,6 +1,8 @@
 """Traffic with upstreams: forwarding a request to its server (parked while the server starts), the
 notifications and requests an upstream sends this session's client, and the client's answers to
-those requests.
+those requests. A modern client takes no requests: a handshake-era server's input request
+during its call is carried by an `input_required` answer, the call held for the retry
+(session/_input.py; `_ask_modern`, `_retry_held`, `_expire_held`).
 
 A room of `Session` (session/_session.py): the rooms form one chain of base classes,
 _core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
