@@ -185,3 +185,48 @@ async def test_a_2025_client_answers_a_2026_upstreams_input_required(
     )
     assert (version, era) == ("2025-11-25", "modern")
     assert (text, kinds) == (EXPECTED[tool][0], EXPECTED[tool][1])
+
+
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+}
+POLL = 0.05  # how often the test reads the daemon's view of the upstream's open calls
+
+
+async def test_the_state_is_checked_and_a_client_that_leaves_cancels_the_held_call(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """On the wire (the daemon's socket): a tampered requestState is -32602 and the call still
+    waits; the right one carries it on; a client that leaves mid-round ends the upstream's call."""
+    upstream = {"command": sys.executable, "args": [str(ASKING_UPSTREAM), "--handshake"]}
+    d = await daemon_factory({"up": upstream})
+    call = {"name": "up__ask_name", "arguments": {}, "_meta": ENVELOPE}
+    async with d.raw() as raw:
+        raw.receive_timeout = WAIT
+        first = await raw.request("tools/call", call)
+        result = first["result"]
+        assert result["resultType"] == "input_required", first
+        ((key, ask),) = result["inputRequests"].items()
+        assert ask["method"] == "elicitation/create"
+        answers = {key: {"action": "accept", "content": {"name": "Ada"}}}
+        forged = await raw.request(
+            "tools/call",
+            {**call, "inputResponses": answers, "requestState": result["requestState"] + "x"},
+        )
+        assert forged["error"]["code"] == -32602
+        assert forged["error"]["data"]["requestState"] == "unknown"
+        done = await raw.request(
+            "tools/call",
+            {**call, "inputResponses": answers, "requestState": result["requestState"]},
+        )
+        assert done["result"]["content"][0]["text"] == "hello Ada"
+        assert done["result"]["resultType"] == "complete"
+        # Another call, left in the middle of its round.
+        again = await raw.request("tools/call", call)
+        assert again["result"]["resultType"] == "input_required"
+        (server,) = await d.ctl("servers")
+        assert server["in_flight"] == 1  # the upstream's call is held open
+    with trio.fail_after(WAIT):
+        while (await d.ctl("servers"))[0]["in_flight"]:
+            await trio.sleep(POLL)
