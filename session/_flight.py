@@ -61,6 +61,7 @@ class _InFlight:
 
     __slots__ = (
         "batch",
+        "capabilities",
         "client_id",
         "entry",
         "handle",
@@ -93,6 +94,7 @@ class _InFlight:
         # A modern session's call to a handshake-era upstream: what a retry must match, and,
         # once the upstream asked for input, the held call's state (session/_input.py).
         self.subject: Subject | None = None
+        self.capabilities: dict[str, Any] = {}  # what the request's envelope said it can answer
         self.held: Held | None = None
         self.batch: Batch | None = session._batch  # the batch this request came in, if any
         handle.in_flight += 1

@@ -120,6 +120,7 @@ class SessionForwarding(SessionCore):
             if method in HOLDABLE:
                 # The upstream may ask for input mid-call: a retry must match this request.
                 flight.subject = subject_of(method, view.name, params)
+                flight.capabilities = self.client_capabilities  # this request's (2026-07-28)
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
@@ -155,6 +156,7 @@ class SessionForwarding(SessionCore):
         for ask, answer in retry.answers:
             flight.upstream.respond(ask.upstream_id, answer)
         flight.client_id, flight.batch = msg.id, self._batch
+        flight.capabilities = self.client_capabilities  # the retry's envelope, from now on
         if retry.then == "final":
             final, flight.held = held.final, None
             self._holding.remove(flight)
@@ -208,8 +210,6 @@ class SessionForwarding(SessionCore):
                 f"the session speaks protocol {self.protocol_version}, where servers send no "
                 f"requests; {method} cannot reach it"
             )
-        if capability not in self.client_capabilities:
-            return f"the session does not support {method} (no {capability} capability)"
         if self.spawn is None:
             return f"this session has no task to bound a wait for its retry; {method} refused"
         flight = self._asking_flight(upstream)
@@ -222,6 +222,9 @@ class SessionForwarding(SessionCore):
             return (
                 f"{method} came during a request that cannot take input (only {sorted(HOLDABLE)})"
             )
+        if capability not in flight.capabilities:
+            # 2026-07-28 declares capabilities per request: the call's own envelope decides.
+            return f"the session does not support {method} (no {capability} capability)"
         params = decode_params(msg.params) if msg.params is not UNSET else None
         if flight.held is None:
             if len(self._holding) >= MAX_HELD_CALLS:

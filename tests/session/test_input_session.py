@@ -273,6 +273,12 @@ async def test_input_the_client_cannot_give_is_refused_to_the_upstream(
     ((rid, _, message),) = up.refusals
     assert rid == 70 and "no elicitation capability" in message
     assert client.out.responses() == []  # the call goes on: the upstream decides what next
+    # The call's own envelope decides, not a later request's.
+    listing = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": envelope()}}
+    client.session.handle_line(json.dumps(listing).encode())
+    assert "elicitation" in client.session.client_capabilities
+    up.ask(71, "elicitation/create", ELICIT)
+    assert [r[0] for r in up.refusals] == [70, 71]
 
 
 async def test_a_request_no_single_call_owns_is_refused(nursery: trio.Nursery) -> None:
