@@ -126,3 +126,9 @@ def test_input_requests_are_bounded_per_call_and_only_known_methods_travel() -> 
         held.ask(n, "roots/list", None)
     with pytest.raises(InputRefused):
         held.ask(-1, "roots/list", None)
+
+
+def test_a_resource_reads_subject_is_its_uri() -> None:
+    read = subject_of("resources/read", "up", {"uri": "note://a"})
+    assert read == subject_of("resources/read", "up", {"uri": "note://a", "requestState": "x"})
+    assert read != subject_of("resources/read", "up", {"uri": "note://b"})
