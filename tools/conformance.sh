@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The official MCP conformance suite (`conformance server --url`), run twice in one go:
-#   direct:  against server-everything's own streamable HTTP endpoint;
-#   mcpool:  against `mcpool daemon --http` with the same server-everything behind it over stdio
-#            ("prefix": false, so tool names are the server's own).
-# Prints both results side by side (a Markdown table) and exits 1 when a check that passes
-# directly does not pass through mcpool, unless it is listed in KNOWN below with the reason.
-#   tools/conformance.sh [--keep]      (--keep: leave the work directory for inspection)
-# Everything listens on 127.0.0.1 only; server-everything binds every interface by default, so
-# it runs with tools/bench/loopback.cjs preloaded.
+# The MCP conformance suite's server scenarios (@modelcontextprotocol/conformance 0.2.0-alpha,
+# pinned in .peers as PEER_CONFORMANCE_ALPHA_JS), run per revision against three endpoints:
+#   direct:  our reference server's own streamable HTTP endpoint (tools/conformance_server.py);
+#   stdio:   `mcpool daemon --http` with that server behind it as a stdio upstream;
+#   http:    `mcpool daemon --http` with that server behind it as an HTTP upstream
+#            (both daemons "prefix": false, so the names the suite calls are the server's own).
+# Revisions: 2025-06-18 and 2025-11-25 (`--spec-version`, the handshake era) and 2026-07-28
+# (`--requirements`, exactly the scenarios that revision requires, at its own wire).
+# Prints one Markdown table per revision and exits 1 when a check that passes directly does not
+# pass through mcpool, unless it is listed in KNOWN below with the reason.
+#   tools/conformance.sh [--keep] [REVISION...]   (--keep: leave the work directory)
+# Everything of ours listens on 127.0.0.1 only.
+#
+# This replaces the 0.1.16 run against server-everything: that server does not implement the
+# suite's test tools, so most checks failed directly too and the comparison proved little; the
+# alpha suite covers every 0.1.16 scenario, at each revision's wire.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -16,20 +23,25 @@ PY=${PYTHON:-$REPO/.venv/bin/python}
 # shellcheck disable=SC1091
 . .peers/env.sh
 
-# Checks allowed to differ, each with its reason (see README, Conformance). None today.
+# Checks allowed to differ, as revision/scenario/check (see README, Conformance). None today.
 KNOWN=""
 
-START_TIMEOUT=20 # seconds for node and the daemon to start listening
-CHECK_TIMEOUT=120 # one suite run; it takes about 2 s here
+START_TIMEOUT=20 # seconds for a server or a daemon to start listening
+CHECK_TIMEOUT=180 # one suite run (one revision, one endpoint); about 5 s here
+
+KEEP=no
+if [ "${1:-}" = --keep ]; then KEEP=yes; shift; fi
+REVISIONS=("$@")
+[ ${#REVISIONS[@]} -gt 0 ] || REVISIONS=(2025-06-18 2025-11-25 2026-07-28)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mcpool-conformance.XXXXXX")
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ "${1:-}" != keep ]; then rm -rf "$WORK"; fi
+  if [ "$KEEP" = no ]; then rm -rf "$WORK"; else echo "conformance: kept $WORK" >&2; fi
 }
-if [ "${1:-}" = --keep ]; then trap 'cleanup keep' EXIT; else trap cleanup EXIT; fi
+trap cleanup EXIT
 
 free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -47,73 +59,47 @@ wait_listening() { # port, pid, log
   done
 }
 
+SERVER=$REPO/tools/conformance_server.py
 DIRECT_PORT=$(free_port)
-PORT=$DIRECT_PORT "$PEER_NODE22" --require "$REPO/tools/bench/loopback.cjs" "$PEER_EVERYTHING_JS" \
-  streamableHttp >"$WORK/everything.log" 2>&1 &
+"$PY" "$SERVER" http "$DIRECT_PORT" >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
-wait_listening "$DIRECT_PORT" "${PIDS[-1]}" "$WORK/everything.log"
+wait_listening "$DIRECT_PORT" "${PIDS[-1]}" "$WORK/server.log"
 
-MCPOOL_PORT=$(free_port)
-mkdir -p "$WORK/state" "$WORK/config"
-mkdir -m 700 "$WORK/run" # the daemon uses only a private socket folder (X3)
-cat >"$WORK/config.json" <<EOF
-{"mcpServers": {"everything": {"command": "$PEER_NODE22",
-  "args": ["$PEER_EVERYTHING_JS", "stdio"], "prefix": false}}}
-EOF
-XDG_STATE_HOME=$WORK/state XDG_CONFIG_HOME=$WORK/config XDG_RUNTIME_DIR=$WORK/run \
-  "$PY" -m mcpool daemon --socket "$WORK/run/d.sock" --config "$WORK/config.json" \
-  --http "127.0.0.1:$MCPOOL_PORT" >"$WORK/daemon.log" 2>&1 &
-PIDS+=($!)
-wait_listening "$MCPOOL_PORT" "${PIDS[-1]}" "$WORK/daemon.log"
-
-# CONFORMANCE_JS: another build of the suite (default: the pinned one of .peers);
-# CONFORMANCE_ARGS: more arguments to `server`, e.g. "--requirements 2026-07-28".
-run_suite() { # name, url
-  # shellcheck disable=SC2086
-  timeout "$CHECK_TIMEOUT" "$PEER_NODE22" "${CONFORMANCE_JS:-$PEER_CONFORMANCE_JS}" server \
-    --url "$2" ${CONFORMANCE_ARGS:-} -o "$WORK/$1" >"$WORK/$1.txt" 2>&1 || true
+start_daemon() { # name, upstream JSON
+  local port dir=$WORK/$1
+  port=$(free_port)
+  mkdir -p "$dir/state" "$dir/config"
+  mkdir -m 700 "$dir/run" # the daemon uses only a private socket folder (X3)
+  echo "{\"mcpServers\": {\"conformance\": $2}}" >"$dir/config.json"
+  XDG_STATE_HOME=$dir/state XDG_CONFIG_HOME=$dir/config XDG_RUNTIME_DIR=$dir/run \
+    "$PY" -m mcpool daemon --socket "$dir/run/d.sock" --config "$dir/config.json" \
+    --http "127.0.0.1:$port" >"$dir/daemon.log" 2>&1 &
+  PIDS+=($!)
+  wait_listening "$port" "${PIDS[-1]}" "$dir/daemon.log"
+  eval "${1^^}_PORT=$port"
 }
-run_suite direct "http://127.0.0.1:$DIRECT_PORT/mcp"
-run_suite mcpool "http://127.0.0.1:$MCPOOL_PORT/mcp"
+start_daemon stdio "{\"command\": \"$PY\", \"args\": [\"$SERVER\", \"stdio\"], \"prefix\": false}"
+start_daemon http "{\"type\": \"http\", \"url\": \"http://127.0.0.1:$DIRECT_PORT/mcp\", \"prefix\": false}"
 
-KNOWN=$KNOWN "$PY" - "$WORK/direct" "$WORK/mcpool" <<'EOF'
-import json, os, re, sys
-from pathlib import Path
+# CONFORMANCE_JS: another build of the suite (default: the pinned alpha of .peers).
+run_suite() { # revision, endpoint name, port
+  local args=(--spec-version "$1")
+  [ "$1" != 2026-07-28 ] || args=(--requirements "$1")
+  timeout "$CHECK_TIMEOUT" "$PEER_NODE22" "${CONFORMANCE_JS:-$PEER_CONFORMANCE_ALPHA_JS}" server \
+    --url "http://127.0.0.1:$3/mcp" "${args[@]}" -o "$WORK/results/$1/$2" \
+    >"$WORK/results/$1/$2.txt" 2>&1 || true
+}
+for revision in "${REVISIONS[@]}"; do
+  mkdir -p "$WORK/results/$revision"
+  # The three endpoints are independent: run them side by side.
+  runs=()
+  run_suite "$revision" direct "$DIRECT_PORT" &
+  runs+=($!)
+  run_suite "$revision" stdio "$STDIO_PORT" &
+  runs+=($!)
+  run_suite "$revision" http "$HTTP_PORT" &
+  runs+=($!)
+  wait "${runs[@]}"
+done
 
-def results(root):
-    out = {}
-    for checks in sorted(Path(root).glob("*/checks.json")):
-        scenario = re.sub(r"^server-|-\d{4}-\d\d-\d\dT.*$", "", checks.parent.name)
-        for c in json.loads(checks.read_text()):
-            out[(scenario, c["id"])] = (c["status"], c.get("errorMessage") or "")
-    return out
-
-direct, mcpool = results(sys.argv[1]), results(sys.argv[2])
-if not direct or not mcpool:
-    sys.exit(f"conformance: no results (direct {len(direct)}, mcpool {len(mcpool)})")
-known = set(os.environ.get("KNOWN", "").split())
-mark = {"SUCCESS": "pass", "FAILURE": "FAIL", "WARNING": "warn", "SKIPPED": "skip"}
-print("| scenario | check | direct | through mcpool |")
-print("|---|---|---|---|")
-regressions, explained = [], []
-for key in sorted(set(direct) | set(mcpool), key=lambda k: (list(direct).index(k) if k in direct else 1e9, k)):
-    d = direct.get(key, ("-", ""))[0]
-    m = mcpool.get(key, ("-", ""))[0]
-    note = ""
-    if d == "SUCCESS" and m != "SUCCESS":
-        if key[0] in known:
-            explained.append(key)
-            note = " (known)"
-        else:
-            regressions.append(key)
-            note = " (REGRESSION)"
-    print(f"| {key[0]} | {key[1]} | {mark.get(d, d)} | {mark.get(m, m)}{note} |")
-passes = lambda r: sum(1 for s, _ in r.values() if s == "SUCCESS")
-print(f"\ndirect: {passes(direct)}/{len(direct)} checks pass; "
-      f"through mcpool: {passes(mcpool)}/{len(mcpool)}")
-for key in explained:
-    print(f"known difference: {key[0]}/{key[1]}: {mcpool.get(key, ('', ''))[1]}")
-for key in regressions:
-    print(f"REGRESSION: {key[0]}/{key[1]}: {mcpool.get(key, ('', ''))[1]}")
-sys.exit(1 if regressions else 0)
-EOF
+KNOWN=$KNOWN "$PY" "$REPO/tools/conformance_table.py" "$WORK/results" "${REVISIONS[@]}"
