@@ -815,6 +815,9 @@ class HttpEndpoint:
             return _Reply(202, b"", extra)
         out = Stream(hs.outbox, kind="post", json=not sse)
         out.modern = hs.ephemeral and len(requests) == 1
+        if hs.ephemeral:
+            # The request's own session: its tools/call checks the Mcp-Param-* headers.
+            hs.session.request_headers = headers
         hs.outbox.open(out, requests)
         hs.touch()
         hs.session.handle_line(body)

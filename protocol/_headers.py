@@ -168,3 +168,53 @@ def header_mismatch(method: str, params: Any, headers: dict[str, str]) -> str | 
     if decode_header_value(name) != body:
         return f"the Mcp-Name header does not match the body's {key} {body!r}"
     return None
+
+
+_HEADER_CHARS = re.compile(r"^[\x20-\x7e]*$")
+
+
+def _body_matches(header: str, body: Any) -> bool:
+    """A decoded `Mcp-Param-*` value against the body's value: integers numerically ("Server
+    Validation" note: `42.0` and `42` are equal), booleans as `true`/`false`, strings exactly."""
+    if isinstance(body, bool):
+        return header == ("true" if body else "false")
+    if isinstance(body, int | float):
+        try:
+            return float(header) == body
+        except ValueError:
+            return False
+    return isinstance(body, str) and header == body
+
+
+def param_header_mismatch(
+    annotated: dict[tuple[str, ...], str], arguments: Any, headers: dict[str, str]
+) -> str | None:
+    """Why the `Mcp-Param-*` headers of a tools/call a server was sent (lowercase names,
+    values trimmed) disagree with its body's arguments for the tool's `x-mcp-header`
+    annotations (streamable-http, "Server Behavior for Custom Headers"); None when they agree.
+
+    A value in the body needs its header; a header needs the value; a header's value must be
+    visible ASCII, decode when it is the Base64 sentinel, and equal the body's value. Headers
+    the tool does not annotate are not mcpool's to judge (intermediaries forward those).
+    """
+    for path, token in annotated.items():
+        node: Any = arguments
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        name = PARAM_HEADER_PREFIX + token
+        sent = headers.get(name.lower())
+        where = "arguments." + ".".join(path)
+        if sent is None:
+            if node is not None:
+                return f"the {name} header is missing (the body's {where} is {node!r})"
+            continue
+        if not _HEADER_CHARS.match(sent):
+            return f"the {name} header has characters outside visible ASCII"
+        value = decode_header_value(sent)
+        if value is None:
+            return f"the {name} header is not valid Base64 inside =?base64?...?="
+        if node is None:
+            return f"the {name} header is sent but the body has no {where}"
+        if not _body_matches(value, node):
+            return f"the {name} header does not match the body's {where} {node!r}"
+    return None

@@ -90,6 +90,7 @@ class SessionCore:
         "registry",
         "registry_errors",
         "relayed",
+        "request_headers",
         "settings_generation",
         "spawn",
         "subscriptions",
@@ -138,6 +139,7 @@ class SessionCore:
     relayed: dict[str, _Relayed]
     _relay_ids: itertools.count[int]
     era: str | None
+    request_headers: dict[str, str] | None
     listens: dict[Any, _Listen]
     _batch: Batch | None
     _dropped: set[str]

@@ -32,6 +32,7 @@ from mcpool.protocol import (
     notification,
     response,
 )
+from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_header_mismatch
 
 from . import _params
 from ._core import SERVER_INFO
@@ -388,8 +389,21 @@ class SessionRequests(SessionGenerations):
                 },
             )
             return
+        if self.request_headers is not None:
+            self._check_param_headers(name, p.get("arguments"), self.request_headers)
         p["name"] = route.upstream_name
         self._forward(msg, route.view, "tools/call", p, t.meta)
+
+    def _check_param_headers(self, name: str, arguments: Any, headers: dict[str, str]) -> None:
+        """2026-07-28 over HTTP: the Mcp-Param-* headers must agree with the arguments for the
+        tool's `x-mcp-header` annotations, as this session lists the tool (-32020, HTTP 400)."""
+        tool = next((t for t in self.registry.tools if t.get("name") == name), None)
+        annotated = header_params(tool.get("inputSchema")) if tool is not None else {}
+        if isinstance(annotated, str):
+            return  # screened out when listed; nothing here to check against
+        why = param_header_mismatch(annotated, arguments, headers)
+        if why is not None:
+            raise McpoolError(why, message="Header mismatch", code=HEADER_MISMATCH)
 
     def _prompts_get(self, msg: Message, p: dict[str, Any], t: _params.PromptsGet) -> None:
         name = t.name

@@ -145,6 +145,9 @@ class Session(SessionRequests):
         self._relay_ids = itertools.count(1)
         # None until the first request decides it (P1): HANDSHAKE or MODERN.
         self.era: str | None = None
+        # A 2026-07-28 HTTP request's headers (lowercase names), set by the endpoint for the
+        # request's own session: a tools/call's Mcp-Param-* are checked against the tool it calls.
+        self.request_headers: dict[str, str] | None = None
         self.listens: dict[Any, _Listen] = {}  # modern: open listen streams by request id
         # While a batch member is being handled: the batch its synchronous answer joins.
         self._batch: Batch | None = None

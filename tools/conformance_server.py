@@ -275,12 +275,19 @@ async def logging_tool(ctx: Ctx, params: Params) -> Answer:
 BUS = InMemorySubscriptionBus()  # feeds subscriptions/listen streams (2026-07-28)
 
 
+# The trigger tools change a list for real (a tool or a prompt comes or goes), so that a proxy
+# that announces only actual changes has one to announce.
+TOGGLED = {"tool": False, "prompt": False}
+
+
 async def trigger_tools(ctx: Ctx, params: Params) -> Answer:
+    TOGGLED["tool"] = not TOGGLED["tool"]
     await BUS.publish(ToolsListChanged())
     return done("Mutation triggered")
 
 
 async def trigger_prompts(ctx: Ctx, params: Params) -> Answer:
+    TOGGLED["prompt"] = not TOGGLED["prompt"]
     await BUS.publish(PromptsListChanged())
     return done("Mutation triggered")
 
@@ -394,6 +401,14 @@ def tool_list(modern: bool) -> list[types.Tool]:
             for name in MRTR_TOOLS
         ]
         listed.append(HEADER_TOOL)
+    if TOGGLED["tool"]:
+        listed.append(
+            types.Tool(
+                name="test_toggled_tool",
+                description="Listed while toggled on",
+                input_schema=EMPTY_SCHEMA,
+            )
+        )
     return listed
 
 
@@ -474,15 +489,47 @@ RESPONSE_SCHEMA: dict[str, Any] = {
 }
 
 
-async def elicit(ctx: Ctx, message: str, schema: dict[str, Any]) -> str:
+# The handshake-era scenarios' sampling and elicitation tools work in both eras, as a real
+# dual-era server's would: a request mid-call before 2026-07-28, an `input_required` result at it.
+# So a client that reaches this server through a proxy speaking 2026-07-28 to it still gets asked.
+ASKED = "ask"  # the inputRequests key of those tools
+
+
+async def elicit(ctx: Ctx, params: Params, message: str, schema: dict[str, Any]) -> Answer:
+    if ctx.protocol_version >= MODERN:
+        result = answer(params.input_responses, ASKED)
+        if not isinstance(result, types.ElicitResult):
+            request = types.ElicitRequest(
+                method="elicitation/create",
+                params=types.ElicitRequestFormParams(message=message, requested_schema=schema),
+            )
+            return ask({ASKED: request})
+    else:
+        try:
+            result = await ctx.session.elicit_form(
+                message=message, requested_schema=schema, related_request_id=ctx.request_id
+            )
+        except MCPError as e:
+            return done(f"Elicitation not supported or error: {e}")
+    content = json.dumps(result.content or {})
+    return done(f"Elicitation completed: action={result.action}, content={content}")
+
+
+async def sampling(ctx: Ctx, params: Params, prompt: str) -> Answer:
+    if ctx.protocol_version >= MODERN:
+        got = answer(params.input_responses, ASKED)
+        if got is None:
+            return ask({ASKED: sample(prompt, 100)})
+        return done(f"LLM response: {sampled_text(got)}")
     try:
-        result = await ctx.session.elicit_form(
-            message=message, requested_schema=schema, related_request_id=ctx.request_id
+        sampled = await ctx.session.create_message(
+            messages=[types.SamplingMessage(role="user", content=text(prompt))],
+            max_tokens=100,
+            related_request_id=ctx.request_id,
         )
     except MCPError as e:
-        return f"Elicitation not supported or error: {e}"
-    content = json.dumps(result.content or {})
-    return f"Elicitation completed: action={result.action}, content={content}"
+        return done(f"Sampling not supported or error: {e}")
+    return done(f"LLM response: {sampled_text(sampled)}")
 
 
 async def call_tool(
@@ -557,33 +604,16 @@ async def call_tool(
         await anyio.sleep(0.1)
         return types.CallToolResult(content=[text("Reconnection test completed successfully.")])
     if name == "test_sampling":
-        try:
-            sampled = await ctx.session.create_message(
-                messages=[
-                    types.SamplingMessage(role="user", content=text(str(args.get("prompt", ""))))
-                ],
-                max_tokens=100,
-                related_request_id=ctx.request_id,
-            )
-        except MCPError as e:
-            return types.CallToolResult(content=[text(f"Sampling not supported or error: {e}")])
-        reply = (
-            sampled.content.text
-            if isinstance(sampled.content, types.TextContent)
-            else "No response"
-        )
-        return types.CallToolResult(content=[text(f"LLM response: {reply}")])
+        return await sampling(ctx, params, str(args.get("prompt", "")))
     if name == "test_elicitation":
-        answer = await elicit(ctx, str(args.get("message", "")), RESPONSE_SCHEMA)
-        return types.CallToolResult(content=[text(answer)])
+        return await elicit(ctx, params, str(args.get("message", "")), RESPONSE_SCHEMA)
     if name == "test_elicitation_sep1034_defaults":
-        answer = await elicit(
-            ctx, "Please review and update the form fields with defaults", SEP1034_SCHEMA
-        )
-        return types.CallToolResult(content=[text(answer)])
+        message = "Please review and update the form fields with defaults"
+        return await elicit(ctx, params, message, SEP1034_SCHEMA)
     if name == "test_elicitation_sep1330_enums":
-        answer = await elicit(ctx, "Please select options from the enum fields", SEP1330_SCHEMA)
-        return types.CallToolResult(content=[text(answer)])
+        return await elicit(
+            ctx, params, "Please select options from the enum fields", SEP1330_SCHEMA
+        )
     if name in MRTR_TOOLS:
         return await MRTR_TOOLS[name](ctx, params)
     if name == "test_header_echo":

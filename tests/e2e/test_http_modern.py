@@ -9,14 +9,17 @@ Real HTTP requests (httpx2) against a real daemon with a stdio upstream behind i
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
+import trio
 
 from e2e.harness import DaemonFactory
 from e2e.support import STEP_TIMEOUT
-from e2e.test_http_fence import http_daemon
+from e2e.test_http_fence import free_port, http_daemon
 
 pytest.importorskip("h11")
 
@@ -149,3 +152,47 @@ async def test_a_retry_whose_input_responses_is_not_an_object_is_invalid_params(
         reply = await post(port, body(msg_id, "tools/call", params), **{"mcp-name": "fake__echo"})
         assert reply.status_code == 400, reply.text
         assert reply.json()["id"] == msg_id and reply.json()["error"]["code"] == -32602
+
+
+async def test_param_headers_are_checked_against_the_tool_they_mirror(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """streamable-http, "Server Behavior for Custom Headers": mcpool processes the body, so it
+    checks each Mcp-Param-* header of a tools/call against the argument the tool's x-mcp-header
+    names: missing, mismatched or undecodable is -32020 with HTTP 400; agreeing is served."""
+    server = str(Path(__file__).parents[2] / "tools" / "conformance_server.py")
+    upstream = {"command": sys.executable, "args": [server, "stdio"], "prefix": False}
+    daemon = await daemon_factory({"conformance": upstream}, start=False)
+    port = free_port()
+    argv = daemon.argv()
+    daemon.argv = lambda: [*argv, "--http", f"127.0.0.1:{port}"]  # type: ignore[method-assign]
+    await daemon.start()
+    call = {"name": "test_header_echo", "arguments": {"region": "us-west1"}}
+    named = {"mcp-name": "test_header_echo"}
+
+    async def answer(msg_id: int, args: dict[str, Any], **headers: str) -> httpx2.Response:
+        with trio.fail_after(STEP_TIMEOUT):
+            while True:  # the endpoint listens once the daemon is up
+                try:
+                    message = body(msg_id, "tools/call", {**call, "arguments": args})
+                    return await post(port, message, **named, **headers)
+                except httpx2.ConnectError:
+                    await trio.sleep(0.05)
+
+    reply = await answer(1, call["arguments"], **{"mcp-param-region": "us-west1"})
+    assert reply.status_code == 200, reply.text
+    [result] = [m for m in sse_messages(reply.text) if m.get("id") == 1]
+    assert result["result"]["content"][0]["text"] == "region=us-west1", result
+    reply = await answer(2, call["arguments"], **{"mcp-param-region": "=?base64?dXMtd2VzdDE=?="})
+    assert reply.status_code == 200, reply.text
+    for msg_id, headers in (
+        (3, {}),  # the value is in the body, its header is not sent
+        (4, {"mcp-param-region": "eu-north1"}),
+        (5, {"mcp-param-region": "=?base64?dXMtd2VzdDE?="}),  # no padding: not valid Base64
+    ):
+        reply = await answer(msg_id, call["arguments"], **headers)
+        assert reply.status_code == 400, (headers, reply.text)
+        error = reply.json()
+        assert error["id"] == msg_id and error["error"]["code"] == -32020, error
+    reply = await answer(6, {}, **{"mcp-param-region": "us-west1"})  # header without a value
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == -32020, reply.text

@@ -11,6 +11,7 @@ from mcpool.protocol._headers import (
     error_status,
     header_mismatch,
     header_params,
+    param_header_mismatch,
     param_headers,
     standard_headers,
 )
@@ -89,3 +90,45 @@ def test_server_side_checks_and_statuses() -> None:
     assert error_status(-32601) == 404
     assert [error_status(c) for c in (-32700, -32600, -32602, -32020, -32021, -32022)] == [400] * 6
     assert error_status(-32603) == 200 and error_status(-31001) == 200 and error_status("x") == 200
+
+
+REGION = {("region",): "Region"}
+
+
+def test_param_headers_that_agree_with_the_body_pass() -> None:
+    assert (
+        param_header_mismatch(REGION, {"region": "us-west1"}, {"mcp-param-region": "us-west1"})
+        is None
+    )
+    # The sentinel is decoded before comparing; a value without its closing ?= is literal.
+    assert (
+        param_header_mismatch(
+            REGION, {"region": "Hello"}, {"mcp-param-region": "=?base64?SGVsbG8=?="}
+        )
+        is None
+    )
+    literal = "=?base64?SGVsbG8="
+    assert param_header_mismatch(REGION, {"region": literal}, {"mcp-param-region": literal}) is None
+    # Null or absent in the body: no header expected.
+    assert param_header_mismatch(REGION, {"region": None}, {}) is None
+    assert param_header_mismatch(REGION, {}, {}) is None
+    # Integers numerically, booleans as true/false.
+    counts = {("n",): "N", ("on",): "On"}
+    agreeing = {"mcp-param-n": "42.0", "mcp-param-on": "true"}
+    assert param_header_mismatch(counts, {"n": 42, "on": True}, agreeing) is None
+    assert param_header_mismatch(counts, {"n": 42, "on": False}, agreeing) is not None
+
+
+def test_param_headers_that_disagree_with_the_body_are_named() -> None:
+    why = param_header_mismatch(REGION, {"region": "us-west1"}, {})
+    assert why is not None and "Mcp-Param-Region header is missing" in why
+    why = param_header_mismatch(REGION, {"region": "us-west1"}, {"mcp-param-region": "eu-north1"})
+    assert why is not None and "does not match" in why
+    why = param_header_mismatch(REGION, {}, {"mcp-param-region": "us-west1"})
+    assert why is not None and "body has no arguments.region" in why
+    # Base64 the sentinel cannot decode strictly: missing padding, characters off the alphabet.
+    for bad in ("=?base64?SGVsbG8?=", "=?base64?SGVs!!!bG8=?="):
+        why = param_header_mismatch(REGION, {"region": "Hello"}, {"mcp-param-region": bad})
+        assert why is not None and "Base64" in why, bad
+    why = param_header_mismatch(REGION, {"region": "é"}, {"mcp-param-region": "é"})
+    assert why is not None and "visible ASCII" in why
