@@ -32,7 +32,9 @@ def results(root: Path) -> dict[Key, tuple[str, str]]:
     return out
 
 
-def compare(revision: str, runs: dict[str, dict[Key, tuple[str, str]]], known: set[str]) -> list[str]:
+def compare(
+    revision: str, runs: dict[str, dict[Key, tuple[str, str]]], known: set[str]
+) -> list[str]:
     """Print the revision's table; return its regressions as lines to report."""
     direct = runs["direct"]
     print(f"\n### {revision}\n")
