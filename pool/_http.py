@@ -126,6 +126,8 @@ class HttpUpstream(Upstream):
         self._outbox_bytes = 0
         self._outbox_wake = trio.Event()
         self._post_scopes: dict[int, trio.CancelScope] = {}
+        # Modern era: the POST of each open subscriptions/listen stream (its id is a string).
+        self._listen_scopes: dict[str, trio.CancelScope] = {}
         self._related: int | None = None
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
         self.needs_login: NeedsLogin | None = None  # the server wants `daemonctl login`
@@ -162,6 +164,16 @@ class HttpUpstream(Upstream):
         if scope is not None:
             scope.cancel()
         return super().forget(uid)
+
+    def _open_listen(self, wanted: dict[str, Any]) -> None:
+        # Over HTTP the stream is the listen's POST: a replaced one is closed, which for a
+        # modern server is its cancellation (the base class also sends notifications/cancelled).
+        old = self._listen_id
+        super()._open_listen(wanted)
+        if old is not None and old != self._listen_id:
+            scope = self._listen_scopes.pop(old, None)
+            if scope is not None:
+                scope.cancel()
 
     def _write(self, data: bytes) -> None:
         if not self.alive:
@@ -300,6 +312,8 @@ class HttpUpstream(Upstream):
                 scope = trio.CancelScope()
                 if isinstance(head.id, int):
                     self._post_scopes[head.id] = scope
+                elif head.id in self._listens:
+                    self._listen_scopes[head.id] = scope
                 nursery.start_soon(self._post, client, body, head, scope)
             else:
                 await self._post(client, body, head, trio.CancelScope())
@@ -318,11 +332,14 @@ class HttpUpstream(Upstream):
         self, client: httpx2.AsyncClient, body: bytes, head: _Head, scope: trio.CancelScope
     ) -> None:
         uid = head.id if isinstance(head.method, str) and isinstance(head.id, int) else None
+        # A listen stream's frames are consumed by `_listen_frame`; it has no pending callback.
+        listen = head.id if isinstance(head.id, str) and head.id in self._listens else None
         url = self._endpoint or self.url
         headers = {**self._headers(head.method), "content-type": _MIME_JSON}
         if (
-            uid is not None
-            and isinstance(head.method, str)
+            # Every request, whatever its id: the listen stream's id is a string.
+            isinstance(head.method, str)
+            and isinstance(head.id, int | str)
             and self.identity.kind == "http"
             and (self.era == _eras.MODERN or head.method == "server/discover")
         ):
@@ -333,16 +350,25 @@ class HttpUpstream(Upstream):
         try:
             with scope:
                 async with client.stream("POST", url, content=body, headers=headers) as resp:
-                    await self._answer(resp, uid, sent_session, last)
+                    await self._answer(resp, uid, sent_session, last, request=listen is not None)
                 ended = True
         except NeedsLogin as exc:
             self._login_needed(uid, exc)
         except Exception as exc:  # any failure of the connection or stream ends it
-            if uid is None or not await self._resume(client, uid, last):
+            if listen is not None:
+                pass  # a broken listen stream is reopened like one the server ended (below)
+            elif uid is None or not await self._resume(client, uid, last):
                 self._drop(f"lost its connection to {redact_url(url)} ({self._why(exc)})")
         finally:
             if uid is not None and self._post_scopes.get(uid) is scope:
                 del self._post_scopes[uid]
+            if listen is not None and self._listen_scopes.get(listen) is scope:
+                del self._listen_scopes[listen]
+        if listen is not None and listen in self._listens and not scope.cancelled_caught:
+            # The stream ended (or broke) without its result: the server ended the listen.
+            self._listens.discard(listen)
+            if listen == self._listen_id:
+                self._listen_ended_by_server(listen)
         if ended and uid is not None and uid in self._pending and "id" in last:
             # SEP-1699 polling: the server numbered the stream (a priming event) and ended it
             # on purpose; the answer comes on a GET resumed from the last event, after `retry`.
@@ -406,7 +432,11 @@ class HttpUpstream(Upstream):
         uid: int | None,
         sent_session: str | None,
         last: dict[str, Any],
+        *,
+        request: bool = False,
     ) -> None:
+        """Read a POST's response. `uid`: the pending request it answers; `request`: a request
+        with no pending callback whose response stream must still be read (a listen stream)."""
         if self.session_id is None and self.identity.kind == "http":
             sid = resp.headers.get("mcp-session-id")
             if sid:
@@ -428,7 +458,7 @@ class HttpUpstream(Upstream):
             elif uid is not None:
                 self._fail_from_body(uid, status, raw)
             return
-        if uid is None or status == 202:
+        if (uid is None and not request) or status == 202:
             # HTTP+SSE answers every POST with 202: the response comes on the GET stream.
             if uid is not None and self.identity.kind == "http":
                 self._fail_one(uid, "answered a request with 202 Accepted and no response")

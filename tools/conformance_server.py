@@ -738,9 +738,10 @@ MRTR_PROMPT = types.Prompt(
 async def list_prompts(
     ctx: Ctx, params: types.PaginatedRequestParams | None
 ) -> types.ListPromptsResult:
-    return types.ListPromptsResult(
-        prompts=PROMPTS + ([MRTR_PROMPT] if ctx.protocol_version >= MODERN else [])
-    )
+    listed = PROMPTS + ([MRTR_PROMPT] if ctx.protocol_version >= MODERN else [])
+    if TOGGLED["prompt"]:
+        listed = [*listed, types.Prompt(name="test_toggled_prompt", description="Listed while on")]
+    return types.ListPromptsResult(prompts=listed)
 
 
 async def get_prompt(
