@@ -65,17 +65,46 @@ DIRECT_PORT=$(free_port)
 PIDS+=($!)
 wait_listening "$DIRECT_PORT" "${PIDS[-1]}" "$WORK/server.log"
 
+# Exits 0 once a 2026-07-28 tools/list at port argv[1] lists tools. Sessions share the pooled
+# upstream, so this one starts it and the suite's find it up.
+UPSTREAM_LISTED='
+import json, sys, urllib.request
+meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "conformance.sh", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {}}
+body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
+request = urllib.request.Request(
+    f"http://127.0.0.1:{sys.argv[1]}/mcp", json.dumps(body).encode(),
+    {"content-type": "application/json", "accept": "application/json",
+     "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"})
+with urllib.request.urlopen(request, timeout=5) as reply:
+    sys.exit(not json.load(reply)["result"]["tools"])
+'
+
 start_daemon() { # name, upstream JSON
   local port dir=$WORK/$1
   port=$(free_port)
-  mkdir -p "$dir/state" "$dir/config"
+  mkdir -p "$dir/state" "$dir/config" "$dir/cache" # cache: no discovery snapshot of a past run
   mkdir -m 700 "$dir/run" # the daemon uses only a private socket folder (X3)
   echo "{\"mcpServers\": {\"conformance\": $2}}" >"$dir/config.json"
   XDG_STATE_HOME=$dir/state XDG_CONFIG_HOME=$dir/config XDG_RUNTIME_DIR=$dir/run \
+    XDG_CACHE_HOME=$dir/cache \
     "$PY" -m mcpool daemon --socket "$dir/run/d.sock" --config "$dir/config.json" \
     --http "127.0.0.1:$port" >"$dir/daemon.log" 2>&1 &
   PIDS+=($!)
   wait_listening "$port" "${PIDS[-1]}" "$dir/daemon.log"
+  # Until the upstream is up and listed: a session that starts sooner is served without its
+  # tools, which arrive by list_changed (by design, for clients that wait no longer than ~1 s),
+  # and the suite does not wait for them. What is compared is serving, not a cold start.
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until "$PY" -c "$UPSTREAM_LISTED" "$port" 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "conformance: the $1 upstream did not come up; the daemon's log:" >&2
+      cat "$dir/daemon.log" >&2
+      exit 2
+    fi
+    sleep 0.2
+  done
   eval "${1^^}_PORT=$port"
 }
 start_daemon stdio "{\"command\": \"$PY\", \"args\": [\"$SERVER\", \"stdio\"], \"prefix\": false}"
@@ -91,15 +120,14 @@ run_suite() { # revision, endpoint name, port
 }
 for revision in "${REVISIONS[@]}"; do
   mkdir -p "$WORK/results/$revision"
-  # The three endpoints are independent: run them side by side.
-  runs=()
-  run_suite "$revision" direct "$DIRECT_PORT" &
-  runs+=($!)
+  # The stdio upstream is a process of its own: that run goes side by side with the direct one.
+  # The HTTP upstream is the direct run's server, whose test tools change its lists: that run
+  # goes after, so that the two runs' changes do not cancel out under each other.
   run_suite "$revision" stdio "$STDIO_PORT" &
-  runs+=($!)
-  run_suite "$revision" http "$HTTP_PORT" &
-  runs+=($!)
-  wait "${runs[@]}"
+  stdio_run=$!
+  run_suite "$revision" direct "$DIRECT_PORT"
+  run_suite "$revision" http "$HTTP_PORT"
+  wait "$stdio_run"
 done
 
 KNOWN=$KNOWN "$PY" "$REPO/tools/conformance_table.py" "$WORK/results" "${REVISIONS[@]}"

@@ -1,5 +1,5 @@
 """Issue 7 end to end: HTTP and SSE upstreams, the daemon's own streamable HTTP endpoint, the
-`"prefix": false` setting, and the conformance parity script.
+`"prefix": false` setting (the conformance parity script is tests/e2e/test_conformance_server.py).
 
 Real processes only: server-everything in its streamableHttp and sse modes (with
 tools/bench/loopback.cjs preloaded, so it listens on 127.0.0.1 and nowhere else), the daemon,
@@ -34,8 +34,6 @@ LOOPBACK_PRELOAD = REPO / "tools" / "bench" / "loopback.cjs"
 LISTEN_TIMEOUT = 20.0
 # After the HTTP server comes back, the pool reconnects within its backoff (1 s, 2 s, ...).
 RECOVERY_TIMEOUT = 30.0
-# The whole parity run (two suite runs of ~1.5 s each plus three process starts).
-CONFORMANCE_TIMEOUT = 180.0
 CONNECT_POLL = 0.05  # the server listens at an unknown moment in another process
 
 
@@ -372,22 +370,3 @@ async def test_prefix_false_exposes_upstream_names_and_a_collision_rejects_the_c
             # The rejected candidate was never published: none of `two`'s tools are served.
             assert "other" not in await tool_names(clashing)
         assert await call_text(session, "extra") == "extra"
-
-
-@pytest.mark.slow
-async def test_conformance_parity(tmp_path: Path) -> None:
-    """tools/conformance.sh: every check that passes against server-everything directly passes
-    through mcpool too (the script exits 1 otherwise), and it prints both columns."""
-    with trio.fail_after(CONFORMANCE_TIMEOUT):
-        done = await trio.run_process(
-            ["bash", str(REPO / "tools" / "conformance.sh")],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env={**os.environ, "TMPDIR": str(tmp_path)},
-        )
-    out = done.stdout.decode()
-    assert done.returncode == 0, out + done.stderr.decode()
-    assert "| scenario | check | direct | through mcpool |" in out
-    assert "| server-initialize | server-initialize | pass | pass |" in out
-    assert "| tools-list | tools-list | pass | pass |" in out
