@@ -3,7 +3,10 @@ conformance suite reported, directly and through mcpool's two upstream transport
 counts; exits 1 when a check that passes directly does not pass through mcpool and is not listed
 in $KNOWN (space-separated `revision/scenario/check`).
 
-    python tools/conformance_table.py RESULTS REVISION...
+    python tools/conformance_table.py [--scenarios] RESULTS REVISION...
+
+`--scenarios`: only a table per revision of each scenario's passing checks per endpoint (what
+README.md shows), no verdict.
 
 RESULTS/REVISION/{direct,stdio,http}/<scenario>-<timestamp>/checks.json are the suite's `-o`
 output.
@@ -64,8 +67,28 @@ def compare(
     return problems
 
 
+def by_scenario(revision: str, runs: dict[str, dict[Key, tuple[str, str]]]) -> None:
+    print(f"\n{revision}:\n")
+    print("| scenario | direct | via stdio upstream | via HTTP upstream |")
+    print("|---|---|---|---|")
+    scenarios = list(dict.fromkeys(key[0] for key in runs["direct"]))
+    for scenario in scenarios:
+        cells = []
+        for name in ENDPOINTS:
+            statuses = [status for key, (status, _) in runs[name].items() if key[0] == scenario]
+            passed = sum(1 for status in statuses if status == "SUCCESS")
+            cells.append(f"{passed}/{len(statuses)}")
+        print(f"| {scenario} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
-    root, revisions = Path(sys.argv[1]), sys.argv[2:]
+    args = sys.argv[1:]
+    if args and args[0] == "--scenarios":
+        root = Path(args[1])
+        for revision in args[2:]:
+            by_scenario(revision, {name: results(root / revision / name) for name in ENDPOINTS})
+        return
+    root, revisions = Path(args[0]), args[1:]
     known = set(os.environ.get("KNOWN", "").split())
     problems: list[str] = []
     for revision in revisions:
