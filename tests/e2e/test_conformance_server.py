@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
+pytestmark = [pytest.mark.peers, pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parents[2]
 # One revision: a server and two daemons started, then three suite runs of ~5 s each.
 CONFORMANCE_TIMEOUT = 180.0
@@ -24,7 +26,6 @@ CONFORMANCE_TIMEOUT = 180.0
 DIRECT_AT_LEAST = {"2025-06-18": 56, "2025-11-25": 73, "2026-07-28": 148}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("revision", sorted(DIRECT_AT_LEAST))
 async def test_conformance_parity(tmp_path: Path, revision: str) -> None:
     if not (REPO / ".peers" / "env.sh").exists():
