@@ -66,6 +66,7 @@ class Aggregate:
         "__weakref__",
         "canonical",
         "encoded",
+        "moves",
         "projections",
         "prompt_routes",
         "prompts",
@@ -92,6 +93,8 @@ class Aggregate:
         # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
         # (a cache, not state).
         self.encoded: dict[str, bytes] = {}
+        # How sessions moved from here to their next candidates (build_candidate; a cache).
+        self.moves: dict[Any, Any] = {}
 
 
 class RegistryGeneration:
@@ -263,8 +266,23 @@ _NOTHING = Projection(
     capabilities={},
 )
 
-# Claimed names per kind: casefolded exposed name -> (view index, exposed, upstream).
-_Claims = dict[str, dict[str, tuple[int, str, str]]]
+
+# Outcomes of building a candidate, per move: the same views moving from the same aggregate to
+# the same snapshots make the same choices, so a relist shared by 200 sessions validates (an
+# O(items) pass) once, not 200 times. Kept on the previous aggregate (`Aggregate.moves`): it dies
+# with it, and it never points back at older aggregates. A few moves per aggregate (sessions with
+# different budgets or policies); past that the table starts again.
+MAX_MOVES = 16
+
+# Per view: fresh projection, fresh snapshot, served projection, its good snapshot (ids, 0 for
+# none), entry id, name, prefix, policy key, name budget.
+_MoveKey = tuple[tuple[int, int, int, int, int, str, bool, Any, int], ...]
+
+
+class _Move(NamedTuple):
+    chosen: tuple[tuple[Projection, Snapshot | None], ...]
+    rejected: tuple[tuple[int, CandidateRejected], ...]
+    pins: tuple[Any, ...]  # the objects whose ids the key holds, alive while the move is kept
 
 
 def build_candidate(
@@ -293,46 +311,34 @@ def build_candidate(
             if i is None or previous is None
             else (previous.agg.projections[i], previous.good[i] if i < len(previous.good) else None)
         )
-    # Unchanged parts claim their names first: the server that newly takes a name is rejected.
-    stable = [i for i, old in enumerate(served) if old is not None and old[0] is fresh[i][0]]
-    settled = set(stable)
-    order = stable + [i for i in range(len(views)) if i not in settled]
-    claims: _Claims = {"tool": {}, "prompt": {}}
-    chosen: list[tuple[Projection, Snapshot | None]] = list(fresh)
-    rejected: dict[int, CandidateRejected] = {}
-    for index in order:
-        view = views[index]
-        options: list[tuple[Projection, Snapshot | None, str]] = [(*fresh[index], "")]
-        old = served[index]
-        if old is not None and old[0] is not fresh[index][0]:
-            part, good = old
-            if good is not None:
-                options.append(
-                    (view.projection_of(good), good, "its last accepted lists stay served")
-                )
-            options.append(
-                (
-                    restrict(part, view.key),
-                    good,
-                    "its previous lists stay served, narrowed by the current filters",
-                )
+    moves = previous.agg.moves if previous is not None and previous.views else None
+    move_key: _MoveKey = ()
+    move = None
+    if moves is not None:
+        move_key = tuple(
+            (
+                id(f[0]),
+                id(f[1]),
+                0 if old is None else id(old[0]),
+                0 if old is None or old[1] is None else id(old[1]),
+                id(view.handle.entry) if view.handle is not None else 0,
+                view.name,
+                view.prefix,
+                view.key,
+                view.session.name_budget,
             )
-        first: CandidateRejected | None = None
-        for proj, source, outcome in options:
-            problem = _claim(views, index, proj, claims)
-            if problem is None:
-                chosen[index] = (proj, source)
-                if first is not None:
-                    first.outcome = outcome
-                break
-            first = first or problem
-        else:
-            assert first is not None
-            first.outcome = "it serves nothing until this is fixed"
-            chosen[index] = (_NOTHING, old[1] if old is not None else None)
-        if first is not None:
-            rejected[index] = first
-    projections = [proj for proj, _ in chosen]
+            for view, f, old in zip(views, fresh, served, strict=True)
+        )
+        move = moves.get(move_key)
+    if move is None:
+        move = _choose(views, fresh, served)
+        if moves is not None:
+            if len(moves) >= MAX_MOVES:
+                moves.clear()
+            moves[move_key] = move._replace(
+                pins=(fresh, served, [v.handle.entry if v.handle else None for v in views])
+            )
+    projections = [proj for proj, _ in move.chosen]
     # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
     key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
     agg = _aggregates.get(key)
@@ -344,46 +350,140 @@ def build_candidate(
         tuple(views),
         number=number,
         settings_generation=settings_generation,
-        good=tuple(source for _, source in chosen),
-        rejected=tuple(rejected[i] for i in sorted(rejected)),
+        good=tuple(source for _, source in move.chosen),
+        rejected=tuple(r for _, r in move.rejected),
     )
+
+
+def _choose(
+    views: list[SessionView],
+    fresh: list[tuple[Projection, Snapshot]],
+    served: list[tuple[Projection, Snapshot | None] | None],
+) -> _Move:
+    """Each view's part (projection, and the snapshot a later rejection falls back to), and the
+    rejections, in view order. Depends only on the views' names, policies and budgets, their
+    fresh projections and what each served before (the move key)."""
+    # Unchanged parts claim their names first: the server that newly takes a name is rejected.
+    stable = [i for i, old in enumerate(served) if old is not None and old[0] is fresh[i][0]]
+    settled = set(stable)
+    order = stable + [i for i in range(len(views)) if i not in settled]
+    claims = _Claims()
+    chosen: list[tuple[Projection, Snapshot | None]] = list(fresh)
+    rejected: dict[int, CandidateRejected] = {}
+    for index in order:
+        view = views[index]
+        old = served[index]
+        first = _claim(views, index, fresh[index][0], claims)
+        if first is not None and old is not None and old[0] is not fresh[index][0]:
+            # The fallbacks, in order, each built only when what comes before it is rejected.
+            part, good = old
+            if (
+                good is not None
+                and _claim(views, index, last := view.projection_of(good), claims) is None
+            ):
+                chosen[index] = (last, good)
+                first.outcome = "its last accepted lists stay served"
+            elif _claim(views, index, narrowed := restrict(part, view.key), claims) is None:
+                chosen[index] = (narrowed, good)
+                first.outcome = "its previous lists stay served, narrowed by the current filters"
+            else:
+                first.outcome = "it serves nothing until this is fixed"
+                chosen[index] = (_NOTHING, good)
+        elif first is not None:
+            first.outcome = "it serves nothing until this is fixed"
+            chosen[index] = (_NOTHING, old[1] if old is not None else None)
+        if first is not None:
+            rejected[index] = first
+    return _Move(tuple(chosen), tuple((i, rejected[i]) for i in sorted(rejected)), ())
+
+
+class _OwnNames(NamedTuple):
+    """One kind's names of one projection, validated on their own (once per projection)."""
+
+    # casefolded exposed name -> (position, exposed, upstream), for the items before `problem`
+    names: dict[str, tuple[int, str, str]]
+    # The first item that breaks a rule on its own (a name rule, or a name the projection
+    # already uses): (position, upstream name, rule); None when there is none.
+    problem: tuple[int, str, str] | None
+
+
+_own_names: weakref.WeakKeyDictionary[Projection, tuple[_OwnNames, _OwnNames]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def own_names(proj: Projection) -> tuple[_OwnNames, _OwnNames]:
+    """The projection's tool and prompt names, validated without the other servers: computed
+    once per projection however many sessions (and candidates) serve it."""
+    found = _own_names.get(proj)
+    if found is None:
+        found = (_validate_own(proj.tools, "tool"), _validate_own(proj.prompts, "prompt"))
+        _own_names[proj] = found
+    return found
+
+
+def _validate_own(items: Iterable[tuple[str, str, dict[str, Any]]], kind: str) -> _OwnNames:
+    names: dict[str, tuple[int, str, str]] = {}
+    for position, (exposed, upstream, _) in enumerate(items):
+        rule = _name_rule(upstream, kind)
+        folded = exposed.casefold()
+        clash = names.get(folded)
+        if rule is None and clash is not None:
+            rule = _clash_rule(exposed, clash[1], f"its {kind} {clash[2]!r}")
+        if rule is not None:
+            return _OwnNames(names, (position, upstream, rule))
+        names[folded] = (position, exposed, upstream)
+    return _OwnNames(names, None)
+
+
+def _clash_rule(exposed: str, other_exposed: str, whose: str) -> str:
+    if other_exposed == exposed:
+        return f"is exposed as {exposed!r}, which {whose} uses"
+    return (
+        f"is exposed as {exposed!r}, which differs only in case from "
+        f"{other_exposed!r} ({whose}); clients that compare names "
+        "case-insensitively would call the wrong one"
+    )
+
+
+class _Claims:
+    """Names claimed so far per kind: casefolded exposed name -> (exposed, upstream) and the
+    view index that claimed it (kept apart so a projection's names merge in one C call)."""
+
+    __slots__ = ("names", "owners")
+
+    def __init__(self) -> None:
+        self.names: dict[str, dict[str, tuple[int, str, str]]] = {"tool": {}, "prompt": {}}
+        self.owners: dict[str, dict[str, int]] = {"tool": {}, "prompt": {}}
 
 
 def _claim(
     views: list[SessionView], index: int, proj: Projection, claims: _Claims
 ) -> CandidateRejected | None:
     """Validate view `index`'s part `proj` against the names already claimed; claim its names
-    when it passes, change nothing when it does not."""
+    when it passes, change nothing when it does not. The first offending item in list order
+    (tools, then prompts) is the one reported."""
     if not proj.available:
         return None  # an entry not up contributes nothing, so it cannot clash
     server = views[index].name
-    mine: _Claims = {"tool": {}, "prompt": {}}
-    for kind, items in (("tool", proj.tools), ("prompt", proj.prompts)):
-        own = mine[kind]
-        for exposed, upstream, _ in items:
-            rule = _name_rule(upstream, kind)
-            folded = exposed.casefold()
-            clash = own.get(folded) or claims[kind].get(folded)
-            if rule is None and clash is not None:
-                other_index, other_exposed, other_upstream = clash
-                whose = (
-                    f"its {kind} {other_upstream!r}"
-                    if other_index == index
-                    else f"server '{views[other_index].name}'"
-                )
-                if other_exposed == exposed:
-                    rule = f"is exposed as {exposed!r}, which {whose} uses"
-                else:
-                    rule = (
-                        f"is exposed as {exposed!r}, which differs only in case from "
-                        f"{other_exposed!r} ({whose}); clients that compare names "
-                        "case-insensitively would call the wrong one"
-                    )
-            if rule is not None:
+    own = own_names(proj)
+    for kind, mine in zip(("tool", "prompt"), own, strict=True):
+        claimed = claims.names[kind]
+        problem = mine.problem
+        taken = mine.names.keys() & claimed.keys() if claimed else ()
+        if taken:
+            folded = min(taken, key=lambda f: mine.names[f][0])
+            position, exposed, upstream = mine.names[folded]
+            if problem is None or position < problem[0]:
+                other = views[claims.owners[kind][folded]].name
+                _, other_exposed, _ = claimed[folded]
+                rule = _clash_rule(exposed, other_exposed, f"server '{other}'")
                 return CandidateRejected(server, upstream, rule)
-            own[folded] = (index, exposed, upstream)
-    for kind, names in mine.items():
-        claims[kind].update(names)
+        if problem is not None:
+            return CandidateRejected(server, problem[1], problem[2])
+    for kind, mine in zip(("tool", "prompt"), own, strict=True):
+        claims.names[kind].update(mine.names)
+        claims.owners[kind].update(dict.fromkeys(mine.names, index))
     return None
 
 
