@@ -13,6 +13,7 @@ without an upstream in sight.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from msgspec import Raw, UnsetType
 
 from mcpool.protocol import Message
 
+from ._reuse import KnownItems
 from ._shared import SharedCounts
 from ._spec import ServerSettings, TransportIdentity
 
@@ -238,6 +240,11 @@ class PoolEntry:
         # The member handles' levels and subscriptions, counted (O(1) detach, pool/_shared.py).
         self.shared = SharedCounts()
         self.snapshot = Snapshot(generation=0)
+        # Per list method: its items of the last listing by encoding, so a relist keeps the
+        # unchanged ones' objects (pool/_reuse.py).
+        self.known_items: collections.defaultdict[str, KnownItems] = collections.defaultdict(
+            KnownItems
+        )
         self.upstream: Upstream | None = None
         self.ready = trio.Event()  # set after the first attempt, successful or not
         self.closing = False

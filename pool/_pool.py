@@ -12,6 +12,7 @@ guard every eviction, because one key outlives many entries.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import math
@@ -48,6 +49,7 @@ from ._entry import (
 )
 from ._guardian import Guardian
 from ._oauth import needs_login
+from ._reuse import KnownItems
 from ._snapshots import SnapshotStore, StoredSnapshot, from_record, invalidation, to_record
 from ._spec import ServerSettings, TransportIdentity, capture_settings
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
@@ -567,7 +569,9 @@ class Pool:
                     with trio.fail_after(timeout):
                         await nursery.start(upstream.run)
                         self._check_stored(entry, upstream)
-                        snapshot = await discover(upstream, entry.snapshot.generation + 1, timeout)
+                        snapshot = await discover(
+                            upstream, entry.snapshot.generation + 1, timeout, entry.known_items
+                        )
                 entry.starting = None
                 if entry.closing:
                     upstream.request_close(entry.close_reason or "closed")
@@ -695,20 +699,32 @@ async def list_all(
     field: str,
     timeout: float,
     notes: list[str] | None = None,
+    known: KnownItems | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Every page of a list. Malformed items are left out, and said so in `notes` (one line
-    for this list), never silently."""
+    for this list), never silently. With `known` (the entry's items of this list's last
+    listing), items whose encoding did not change are the objects listed then (issue 17)."""
     items: list[dict[str, Any]] = []
     problems: list[str] = []
     cursor: str | None = None
+    decode = None
+    reused: set[int] = set()
+    if known is not None:
+        known.start()
+        reused = known.reused
+
+        def decode(raw: msgspec.Raw) -> Any:
+            return known.decode(raw, field)
+
     for _ in range(MAX_LIST_PAGES):
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-        result = await upstream.call(method, params, timeout=timeout)
+        result = await upstream.call(method, params, timeout=timeout, decode_result=decode)
         if isinstance(result, dict):
             page = result.get(field)
             if isinstance(page, list):
                 for item in page:
-                    why = malformed_item(field, item)
+                    # An item accepted by the last listing, unchanged, needs no check again.
+                    why = None if id(item) in reused else malformed_item(field, item)
                     if why is None:
                         items.append(item)
                     else:
@@ -721,23 +737,42 @@ async def list_all(
             break
     if problems and notes is not None:
         notes.append(malformed_note(method, problems))
-    return tuple(items)
+    listed = tuple(items)
+    if known is not None:
+        known.finish(listed)
+    return listed
 
 
-async def discover(upstream: Upstream, generation: int, timeout: float) -> Snapshot:
+async def discover(
+    upstream: Upstream,
+    generation: int,
+    timeout: float,
+    known: collections.defaultdict[str, KnownItems] | None = None,
+) -> Snapshot:
+    """Every list the upstream offers; `known`: the entry's items by list (`list_all`)."""
     caps = upstream.server_capabilities
+    lists = known if known is not None else collections.defaultdict(KnownItems)
     empty: tuple[dict[str, Any], ...] = ()
     tools = prompts = resources = templates = empty
     notes: list[str] = []
     if "tools" in caps:
-        tools = await list_all(upstream, "tools/list", "tools", timeout, notes)
+        tools = await list_all(upstream, "tools/list", "tools", timeout, notes, lists["tools/list"])
     if "prompts" in caps:
-        prompts = await list_all(upstream, "prompts/list", "prompts", timeout, notes)
+        prompts = await list_all(
+            upstream, "prompts/list", "prompts", timeout, notes, lists["prompts/list"]
+        )
     if "resources" in caps:
-        resources = await list_all(upstream, "resources/list", "resources", timeout, notes)
+        resources = await list_all(
+            upstream, "resources/list", "resources", timeout, notes, lists["resources/list"]
+        )
         try:
             templates = await list_all(
-                upstream, "resources/templates/list", "resourceTemplates", timeout, notes
+                upstream,
+                "resources/templates/list",
+                "resourceTemplates",
+                timeout,
+                notes,
+                lists["resources/templates/list"],
             )
         except McpoolError:
             templates = empty  # optional: some servers list resources but not templates
@@ -891,7 +926,8 @@ class _EntryEvents:
                 self._relisting[kind] = False
                 notes: list[str] = []
                 try:
-                    items = await list_all(upstream, method, field, timeout, notes)
+                    known = self.entry.known_items
+                    items = await list_all(upstream, method, field, timeout, notes, known[method])
                     templates = None
                     if kind == "resources":
                         try:
@@ -901,6 +937,7 @@ class _EntryEvents:
                                 "resourceTemplates",
                                 timeout,
                                 notes,
+                                known["resources/templates/list"],
                             )
                         except McpoolError:
                             templates = None

@@ -364,12 +364,19 @@ class Upstream:
             self._settled.set()
 
     async def call(
-        self, method: str, params: Any = UNSET, *, timeout: float, cancellable: bool = True
+        self,
+        method: str,
+        params: Any = UNSET,
+        *,
+        timeout: float,
+        cancellable: bool = True,
+        decode_result: Callable[[msgspec.Raw], Any] | None = None,
     ) -> Any:
         """Send a request of the daemon's own and wait for its decoded result.
 
         `cancellable=False` only forgets a request that timed out: the spec forbids cancelling
-        `initialize` and `server/discover`.
+        `initialize` and `server/discover`. `decode_result` decodes the result instead of
+        `msgspec.json.decode` (a list's pages reuse items listed before: pool/_reuse.py).
         """
         done = trio.Event()
         box: list[Message] = []
@@ -419,7 +426,12 @@ class Upstream:
                 method=method,
                 error=err,
             )
-        result = _result_decoder.decode(msg.result) if msg.result is not UNSET else None
+        if msg.result is UNSET:
+            result = None
+        elif decode_result is not None:
+            result = decode_result(msg.result)
+        else:
+            result = _result_decoder.decode(msg.result)
         if self.era is _eras.MODERN and method == "tools/list" and isinstance(result, dict):
             tools = result.get("tools")
             if isinstance(tools, list):

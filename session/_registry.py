@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._canoncache import canonical_of
 from ._changes import change_set
-from ._view import Projection, restrict
+from ._view import Projection, predecessor, restrict
 
 if TYPE_CHECKING:
     from mcpool.pool import Snapshot
@@ -88,8 +87,9 @@ class Aggregate:
         self.prompt_routes: dict[str, tuple[int, str]] = {}
         self.resource_routes: dict[str, int] = {}
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
-        # Per list kind: sorted (key, canonical bytes) pairs; equal <=> canonically equal (S4).
-        self.canonical: dict[str, tuple[tuple[str, bytes], ...]] = {}
+        # Per list kind: key (exposed name or URI) -> canonical bytes; equal dicts (in any
+        # order) <=> canonically equal (S4).
+        self.canonical: dict[str, dict[str, bytes]] = {}
         # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
         # (a cache, not state).
         self.encoded: dict[str, bytes] = {}
@@ -143,7 +143,7 @@ class RegistryGeneration:
         return self.agg.resource_templates
 
     @property
-    def canonical(self) -> dict[str, tuple[tuple[str, bytes], ...]]:
+    def canonical(self) -> dict[str, dict[str, bytes]]:
         return self.agg.canonical
 
     @property
@@ -210,9 +210,27 @@ _projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, dict[str,
 def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
+        # Clones shared with the projection this one was made from keep their bytes.
+        before = predecessor(proj)
+        known = _projection_canonical.get(before) if before is not None else None
+        tools: dict[str, bytes]
+        prompts: dict[str, bytes]
+        if before is not None and known is not None:
+            kept = set(map(id, before.tools)) | set(map(id, before.prompts))
+            old_tools, old_prompts = known["tools"], known["prompts"]
+            tools = {
+                t[0]: old_tools[t[0]] if id(t) in kept else canonical_of(t[2]) for t in proj.tools
+            }
+            prompts = {
+                p[0]: old_prompts[p[0]] if id(p) in kept else canonical_of(p[2])
+                for p in proj.prompts
+            }
+        else:
+            tools = {exposed: canonical_of(t) for exposed, _, t in proj.tools}
+            prompts = {exposed: canonical_of(p) for exposed, _, p in proj.prompts}
         found = {
-            "tools": {exposed: canonical_of(t) for exposed, _, t in proj.tools},
-            "prompts": {exposed: canonical_of(p) for exposed, _, p in proj.prompts},
+            "tools": tools,
+            "prompts": prompts,
             "resources": {
                 **{
                     r["uri"]: canonical_of(r)
@@ -422,8 +440,14 @@ def own_names(proj: Projection) -> tuple[_OwnNames, _OwnNames]:
     return found
 
 
-def _validate_own(items: Iterable[tuple[str, str, dict[str, Any]]], kind: str) -> _OwnNames:
-    names: dict[str, tuple[int, str, str]] = {}
+def _validate_own(items: tuple[tuple[str, str, dict[str, Any]], ...], kind: str) -> _OwnNames:
+    # The common case in a few C-speed passes: unique folded names, every name well formed.
+    names = {
+        exposed.casefold(): (i, exposed, upstream) for i, (exposed, upstream, _) in enumerate(items)
+    }
+    if len(names) == len(items) and all(u and u == u.strip() for _, u, _ in items):
+        return _OwnNames(names, None)
+    names = {}
     for position, (exposed, upstream, _) in enumerate(items):
         rule = _name_rule(upstream, kind)
         folded = exposed.casefold()
@@ -503,8 +527,13 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
         if not proj.available:
             continue
         pc = projection_canonical(proj)
-        _add_named(index, proj.tools, tool_routes, tools, canon["tools"], pc["tools"])
-        _add_named(index, proj.prompts, prompt_routes, prompts, canon["prompts"], pc["prompts"])
+        # Names are unique across the parts (`_claim`): each part's tables merge whole.
+        tool_routes.update({exposed: (index, upstream) for exposed, upstream, _ in proj.tools})
+        tools.extend([t[2] for t in proj.tools])
+        canon["tools"].update(pc["tools"])
+        prompt_routes.update({exposed: (index, upstream) for exposed, upstream, _ in proj.prompts})
+        prompts.extend([p[2] for p in proj.prompts])
+        canon["prompts"].update(pc["prompts"])
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
@@ -525,29 +554,13 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     agg.prompt_routes = prompt_routes
     agg.resource_routes = resource_routes
     agg.template_routes = tuple(template_routes)
-    agg.canonical = {k: tuple(sorted(v.items())) for k, v in canon.items()}
+    agg.canonical = canon
     return agg
-
-
-def _add_named(
-    index: int,
-    items: Iterable[tuple[str, str, dict[str, Any]]],
-    routes: dict[str, tuple[int, str]],
-    served: list[dict[str, Any]],
-    canon: dict[str, bytes],
-    projected_canon: dict[str, bytes],
-) -> None:
-    """Add view `index`'s tools (or prompts), already validated by `_claim`, to a candidate:
-    routes, served list, canonical form."""
-    for exposed, upstream, item in items:
-        routes[exposed] = (index, upstream)
-        served.append(item)
-        canon[exposed] = projected_canon[exposed]
 
 
 def _empty_aggregate() -> Aggregate:
     agg = Aggregate()
-    agg.canonical = {k: () for k in LIST_KINDS}
+    agg.canonical = {k: {} for k in LIST_KINDS}
     return agg
 
 

@@ -56,11 +56,30 @@ def project(
     *,
     prefix: bool = True,
     budget: int = MAX_NAME,
+    previous: Projection | None = None,
 ) -> Projection:
-    """Pure: filter by the policy and clone each visible tool with its exposed name and _meta."""
+    """Pure: filter by the policy and clone each visible tool with its exposed name and _meta.
+
+    `previous`: a projection of an earlier snapshot of the same entry through the same policy
+    and names; an item that is the very object it projected (pool/_reuse.py keeps unchanged
+    items' objects across relists) keeps its projected clone, so unchanged items stay the same
+    objects from end to end (issue 17)."""
+    reuse_tools: dict[int, tuple[str, str, dict[str, Any]]] = {}
+    reuse_prompts: dict[int, tuple[str, str, dict[str, Any]]] = {}
+    if previous is not None:
+        sources = _sources.get(previous)
+        if sources is not None:
+            reuse_tools = dict(zip(map(id, sources[0]), previous.tools, strict=True))
+            reuse_prompts = dict(zip(map(id, sources[1]), previous.prompts, strict=True))
     tools: list[tuple[str, str, dict[str, Any]]] = []
+    tool_sources: list[dict[str, Any]] = []
     hidden: list[str] = []
     for tool in snapshot.tools:
+        hit = reuse_tools.get(id(tool))
+        if hit is not None:
+            tools.append(hit)
+            tool_sources.append(tool)
+            continue
         upstream = tool.get("name")
         if not isinstance(upstream, str):
             continue
@@ -76,14 +95,22 @@ def project(
             meta["mcpool/alwaysLoad"] = True
         exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         tools.append((exposed, upstream, {**tool, "name": exposed, "_meta": meta}))
+        tool_sources.append(tool)
     prompts: list[tuple[str, str, dict[str, Any]]] = []
+    prompt_sources: list[dict[str, Any]] = []
     for prompt in snapshot.prompts:
+        found = reuse_prompts.get(id(prompt))
+        if found is not None:
+            prompts.append(found)
+            prompt_sources.append(prompt)
+            continue
         upstream = prompt.get("name")
         if not isinstance(upstream, str) or not key.allows(upstream):
             continue
         exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         prompts.append((exposed, upstream, {**prompt, "name": exposed}))
-    return Projection(
+        prompt_sources.append(prompt)
+    proj = Projection(
         generation=snapshot.generation,
         available=snapshot.available,
         tools=tuple(tools),
@@ -94,6 +121,33 @@ def project(
         instructions=snapshot.instructions,
         capabilities=snapshot.capabilities,
     )
+    # The source items, in step with `tools` and `prompts` (they keep the ids valid).
+    _sources[proj] = (tuple(tool_sources), tuple(prompt_sources))
+    if previous is not None:
+        _predecessors[proj] = weakref.ref(previous)
+    return proj
+
+
+# Per projection made by `project`: the snapshot items its tools and prompts were cloned from.
+_sources: weakref.WeakKeyDictionary[
+    Projection, tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]
+] = weakref.WeakKeyDictionary()
+# Per projection made from a previous one: that one, while it lives (session/_registry.py reuses
+# its canonical bytes for the clones they share).
+_predecessors: weakref.WeakKeyDictionary[Projection, weakref.ref[Projection]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def predecessor(proj: Projection) -> Projection | None:
+    """The projection `proj` was made from (`project`'s `previous`), if it is still alive."""
+    ref = _predecessors.get(proj)
+    return ref() if ref is not None else None
+
+
+# Per (entry, policy, names): its latest projection, which the next snapshot's builds on.
+_LatestKey = tuple[PoolEntry, PolicyKey, str, bool, int]
+_latest: weakref.WeakValueDictionary[_LatestKey, Projection] = weakref.WeakValueDictionary()
 
 
 def shared_projection(
@@ -107,8 +161,12 @@ def shared_projection(
     cache_key = (entry, snapshot.generation, key, server, prefix, budget)
     found = _cache.get(cache_key)
     if found is None:
-        found = project(snapshot, key, server, prefix=prefix, budget=budget)
+        latest_key = (entry, key, server, prefix, budget)
+        previous = _latest.get(latest_key)
+        found = project(snapshot, key, server, prefix=prefix, budget=budget, previous=previous)
         _cache[cache_key] = found
+        if previous is None or previous.generation < found.generation:
+            _latest[latest_key] = found
     return found
 
 

@@ -177,7 +177,14 @@ class FakeUpstream:
         """The process exits on its own: the pool sees a failure and restarts."""
         self.request_close(f"exited with status {status}")
 
-    async def call(self, method: str, params: Any = UNSET, *, timeout: float) -> Any:  # noqa: ASYNC109
+    async def call(
+        self,
+        method: str,
+        params: Any = UNSET,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        decode_result: Callable[[Raw], Any] | None = None,
+    ) -> Any:
         await trio.lowlevel.checkpoint()
         lists = {
             "tools/list": ("tools", self.server.tools),
@@ -187,6 +194,8 @@ class FakeUpstream:
         }
         if method in lists:
             field, items = lists[method]
+            if decode_result is not None:  # as the real one: the result's bytes, decoded
+                return decode_result(Raw(msgspec.json.encode({field: items})))
             return {field: [json.loads(json.dumps(i)) for i in items]}
         raise McpoolError(f"fake upstream: no {method}", server=self.name)
 
