@@ -708,10 +708,8 @@ async def list_all(
     problems: list[str] = []
     cursor: str | None = None
     decode = None
-    reused: set[int] = set()
     if known is not None:
         known.start()
-        reused = known.reused
 
         def decode(raw: msgspec.Raw) -> Any:
             return known.decode(raw, field)
@@ -722,13 +720,19 @@ async def list_all(
         if isinstance(result, dict):
             page = result.get(field)
             if isinstance(page, list):
-                for item in page:
-                    # An item accepted by the last listing, unchanged, needs no check again.
-                    why = None if id(item) in reused else malformed_item(field, item)
-                    if why is None:
-                        items.append(item)
-                    else:
-                        problems.append(f"item {len(items) + len(problems) + 1}: {why}")
+                # Items accepted by the last listing, unchanged, need no check again.
+                fresh = page
+                if known is not None:
+                    fresh, known.fresh = known.fresh, []
+                if not any(malformed_item(field, item) for item in fresh):
+                    items.extend(page)
+                else:
+                    for item in page:
+                        why = malformed_item(field, item)
+                        if why is None:
+                            items.append(item)
+                        else:
+                            problems.append(f"item {len(items) + len(problems) + 1}: {why}")
             nxt = result.get("nextCursor")
             cursor = nxt if isinstance(nxt, str) and nxt else None
         else:

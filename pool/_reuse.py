@@ -19,66 +19,72 @@ from typing import Any
 
 import msgspec
 
-_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_items = msgspec.json.Decoder(list[msgspec.Raw])
 _any = msgspec.json.Decoder()
+# Per list field: a page's items as raw bytes, and its cursor (all `list_all` reads of a page).
+_pages: dict[str, msgspec.json.Decoder[Any]] = {}
+
+
+def _page_decoder(field: str) -> msgspec.json.Decoder[Any]:
+    found = _pages.get(field)
+    if found is None:
+        page = msgspec.defstruct(
+            "Page",
+            [(field, list[msgspec.Raw]), ("nextCursor", Any, None)],
+            kw_only=True,
+        )
+        found = _pages[field] = msgspec.json.Decoder(page)
+    return found
 
 
 class KnownItems:
     """One list's (tools/list, ...) decoded items of its last complete listing, by encoding."""
 
-    __slots__ = ("_by_raw", "_next", "reused")
+    __slots__ = ("_by_raw", "_count", "_next", "fresh")
 
     def __init__(self) -> None:
         self._by_raw: dict[bytes, Any] = {}
         self._next: dict[bytes, Any] = {}  # this listing's, so far
-        # ids of this listing's items that were accepted before (held by `_by_raw`): the
-        # caller need not check them again.
-        self.reused: set[int] = set()
+        self._count = 0  # items this listing gave so far
+        # This listing's items decoded anew (the others were accepted before: the caller need
+        # not check them again).
+        self.fresh: list[Any] = []
 
     def start(self) -> None:
         self._next = {}
-        self.reused = set()
+        self._count = 0
+        self.fresh = []
 
     def decode(self, raw: msgspec.Raw, field: str) -> Any:
-        """A page result, as `msgspec.json.decode` gives it, with the `field` array's items
-        that were listed before as the objects decoded then."""
+        """A page result as `list_all` reads it ({field: items, "nextCursor": ...}), with the
+        items that were listed before as the objects decoded then; any other result (not an
+        object, no `field` array) as `msgspec.json.decode` gives it."""
         try:
-            top = _fields.decode(raw)
+            page = _page_decoder(field).decode(raw)
         except msgspec.ValidationError:
-            return _any.decode(raw)  # not an object: the caller says what is wrong with it
-        out: dict[str, Any] = {}
-        for name, value in top.items():
-            if name != field:
-                out[name] = _any.decode(value)
-                continue
-            try:
-                items = _items.decode(value)
-            except msgspec.ValidationError:
-                out[name] = _any.decode(value)
-                continue
-            known, seen, reused = self._by_raw, self._next, self.reused
-            decoded = []
-            for item in items:
-                key = bytes(item)
-                found = known.get(key)
-                if found is not None:
-                    reused.add(id(found))
-                else:
-                    found = seen.get(key)
-                    if found is None:
-                        found = _any.decode(key)
-                seen[key] = found
-                decoded.append(found)
-            out[name] = decoded
-        return out
+            return _any.decode(raw)  # the caller says what is wrong with it
+        items: list[msgspec.Raw] = getattr(page, field)
+        # Each step one C pass over the page; only the items not listed before decode.
+        keys = list(map(bytes, items))
+        decoded = list(map(self._by_raw.get, keys))
+        for position in [i for i, found in enumerate(decoded) if found is None]:
+            key = keys[position]
+            found = self._next.get(key)
+            if found is None:
+                found = _any.decode(key)
+                self.fresh.append(found)
+            decoded[position] = found
+        self._next.update(zip(keys, decoded, strict=True))
+        self._count += len(decoded)
+        return {field: decoded, "nextCursor": page.nextCursor}
 
     def finish(self, accepted: tuple[Any, ...]) -> None:
         """The listing completed and these items were accepted: they are the known ones now."""
-        keep = {id(item) for item in accepted}
-        self._by_raw = {k: v for k, v in self._next.items() if id(v) in keep}
-        self._next = {}
-        self.reused = set()
+        if len(accepted) == self._count:
+            self._by_raw = self._next  # every item was accepted (the common case)
+        else:
+            keep = set(map(id, accepted))
+            self._by_raw = {k: v for k, v in self._next.items() if id(v) in keep}
+        self.start()
 
     def __len__(self) -> int:
         return len(self._by_raw)

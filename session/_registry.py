@@ -17,6 +17,8 @@ array is no change, while a reordered `default` array is.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -216,15 +218,8 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
         tools: dict[str, bytes]
         prompts: dict[str, bytes]
         if before is not None and known is not None:
-            kept = set(map(id, before.tools)) | set(map(id, before.prompts))
-            old_tools, old_prompts = known["tools"], known["prompts"]
-            tools = {
-                t[0]: old_tools[t[0]] if id(t) in kept else canonical_of(t[2]) for t in proj.tools
-            }
-            prompts = {
-                p[0]: old_prompts[p[0]] if id(p) in kept else canonical_of(p[2])
-                for p in proj.prompts
-            }
+            tools = _canonical_kept(proj.tools, before.tools, known["tools"])
+            prompts = _canonical_kept(proj.prompts, before.prompts, known["prompts"])
         else:
             tools = {exposed: canonical_of(t) for exposed, _, t in proj.tools}
             prompts = {exposed: canonical_of(p) for exposed, _, p in proj.prompts}
@@ -246,6 +241,29 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
         }
         _projection_canonical[proj] = found
     return found
+
+
+def _canonical_kept(
+    items: tuple[tuple[str, str, dict[str, Any]], ...],
+    before: tuple[tuple[str, str, dict[str, Any]], ...],
+    known: dict[str, bytes],
+) -> dict[str, bytes]:
+    """Canonical bytes by exposed name; a clone `before` holds too keeps its bytes (C passes,
+    then one computation per new clone)."""
+    kept = set(map(id, before))
+    exposed = list(map(_first, items))
+    found: list[bytes | None] = [
+        known[name] if same else None
+        for name, same in zip(exposed, map(kept.__contains__, map(id, items)), strict=True)
+    ]
+    for position in [i for i, b in enumerate(found) if b is None]:
+        found[position] = canonical_of(items[position][2])
+    return dict(zip(exposed, found, strict=True))
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+_third = operator.itemgetter(2)
 
 
 def _name_rule(name: str, kind: str) -> str | None:
@@ -441,13 +459,15 @@ def own_names(proj: Projection) -> tuple[_OwnNames, _OwnNames]:
 
 
 def _validate_own(items: tuple[tuple[str, str, dict[str, Any]], ...], kind: str) -> _OwnNames:
-    # The common case in a few C-speed passes: unique folded names, every name well formed.
-    names = {
-        exposed.casefold(): (i, exposed, upstream) for i, (exposed, upstream, _) in enumerate(items)
-    }
-    if len(names) == len(items) and all(u and u == u.strip() for _, u, _ in items):
-        return _OwnNames(names, None)
-    names = {}
+    # The common case in a few C passes: unique folded names, every name well formed.
+    upstreams: list[str] = list(map(_second, items))
+    if all(upstreams) and upstreams == list(map(str.strip, upstreams)):
+        names_out: list[str] = list(map(_first, items))
+        entries = zip(range(len(items)), names_out, upstreams, strict=True)
+        every = dict(zip(map(str.casefold, names_out), entries, strict=True))
+        if len(every) == len(items):
+            return _OwnNames(every, None)
+    names: dict[str, tuple[int, str, str]] = {}
     for position, (exposed, upstream, _) in enumerate(items):
         rule = _name_rule(upstream, kind)
         folded = exposed.casefold()
@@ -528,12 +548,15 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
             continue
         pc = projection_canonical(proj)
         # Names are unique across the parts (`_claim`): each part's tables merge whole.
-        tool_routes.update({exposed: (index, upstream) for exposed, upstream, _ in proj.tools})
-        tools.extend([t[2] for t in proj.tools])
-        canon["tools"].update(pc["tools"])
-        prompt_routes.update({exposed: (index, upstream) for exposed, upstream, _ in proj.prompts})
-        prompts.extend([p[2] for p in proj.prompts])
-        canon["prompts"].update(pc["prompts"])
+        for items, routes, served, kind in (
+            (proj.tools, tool_routes, tools, "tools"),
+            (proj.prompts, prompt_routes, prompts, "prompts"),
+        ):
+            at = itertools.repeat(index, len(items))
+            pairs = zip(at, map(_second, items), strict=True)
+            routes.update(zip(map(_first, items), pairs, strict=True))
+            served.extend(map(_third, items))
+            canon[kind].update(pc[kind])
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:

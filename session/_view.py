@@ -10,6 +10,7 @@ the same policy hold one projected list, not a thousand.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -71,15 +72,13 @@ def project(
         if sources is not None:
             reuse_tools = dict(zip(map(id, sources[0]), previous.tools, strict=True))
             reuse_prompts = dict(zip(map(id, sources[1]), previous.prompts, strict=True))
-    tools: list[tuple[str, str, dict[str, Any]]] = []
-    tool_sources: list[dict[str, Any]] = []
+    # Each snapshot tool's clone from `previous` (None: to be made), in one C pass.
+    cloned: list[tuple[str, str, dict[str, Any]] | None] = list(
+        map(reuse_tools.get, map(id, snapshot.tools))
+    )
     hidden: list[str] = []
-    for tool in snapshot.tools:
-        hit = reuse_tools.get(id(tool))
-        if hit is not None:
-            tools.append(hit)
-            tool_sources.append(tool)
-            continue
+    for position in [i for i, hit in enumerate(cloned) if hit is None]:
+        tool = snapshot.tools[position]
         upstream = tool.get("name")
         if not isinstance(upstream, str):
             continue
@@ -94,8 +93,10 @@ def project(
             meta["anthropic/alwaysLoad"] = True
             meta["mcpool/alwaysLoad"] = True
         exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
-        tools.append((exposed, upstream, {**tool, "name": exposed, "_meta": meta}))
-        tool_sources.append(tool)
+        cloned[position] = (exposed, upstream, {**tool, "name": exposed, "_meta": meta})
+    # (Left None: not a tool, or hidden.)
+    tools = list(filter(None, cloned))
+    tool_sources = list(itertools.compress(snapshot.tools, cloned))
     prompts: list[tuple[str, str, dict[str, Any]]] = []
     prompt_sources: list[dict[str, Any]] = []
     for prompt in snapshot.prompts:
