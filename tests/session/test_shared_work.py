@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
 from mcpool.protocol import canonical_bytes
-from mcpool.session import Session, _canoncache
+from mcpool.session import Session, _canoncache, _registry
 from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
-from mcpool.session._registry import LIST_KINDS
+from mcpool.session._registry import LIST_KINDS, RegistryGeneration, build_candidate
+from mcpool.session._view import project
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -216,3 +217,79 @@ def test_a_full_table_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
         assert canonical_of(item) == canonical_bytes(item)
         assert _canoncache._held <= 200
     assert canonical_of({1, 2}) == canonical_bytes({1, 2})  # not JSON-encodable: computed
+
+
+# -- a relist that keeps unchanged items (issue 17): reused work equals a fresh computation ------
+
+names = st.sampled_from(["a", "A", "b", "c", " d", "", "e", "f"])
+tool_lists = st.lists(st.tuples(names, st.sampled_from(["1", "2"])), max_size=7)
+
+
+def clear_shared_caches() -> None:
+    """Forget what builds reuse (projections stay: which part is unchanged is decided by their
+    identity), so the next build validates and assembles from scratch."""
+    _registry._aggregates.clear()
+    _registry._own_names.clear()
+    _registry._projection_canonical.clear()
+
+
+def served(gen: RegistryGeneration) -> Any:
+    return (
+        json.loads(msgspec.json.encode(gen.tools)),
+        {e: (r.view.name, r.upstream_name) for e, r in gen.tool_routes.items()},
+        gen.canonical,
+    )
+
+
+async def relist_scenario(before: list[tuple[str, str]], after: list[tuple[str, str]]) -> None:
+    async with trio.open_nursery() as nursery:
+        original = [tool(n, d) for n, d in before]
+        server = FakeServer(list(original))
+        pool = make_pool(nursery, FakeNet(srv=server, other=FakeServer([tool("a"), tool("z")])))
+        servers = {"srv": stdio(prefix=False), "other": stdio("other", prefix=False)}
+        narrow = {"srv": stdio(prefix=False, excludeTools=["b"]), "other": servers["other"]}
+        sessions = [await attach(nursery, pool, servers, f"s{i}") for i in range(3)]
+        sessions.append(await attach(nursery, pool, narrow, "n"))
+        entry = entry_of(sessions[0][0], "srv")
+        # What a relist gives: an item whose encoding did not change is the same object.
+        by_value = {json.dumps(t, sort_keys=True): t for t in entry.snapshot.tools}
+        relisted = []
+        for n, d in after:
+            fresh = tool(n, d)
+            relisted.append(by_value.get(json.dumps(fresh, sort_keys=True), fresh))
+        previous = [(s.registry, served(s.registry)) for s, _ in sessions]
+        publish(entry, tools=tuple(relisted))
+        await trio.testing.wait_all_tasks_blocked()
+        for (session, out), (prev_gen, prev_served) in zip(sessions, previous, strict=True):
+            got = served(session.registry)
+            # The same generation computed again from nothing but the same inputs.
+            clear_shared_caches()
+            prev_gen.agg.moves.clear()
+            views = list(session.views.values())
+            again = build_candidate(views, number=0, settings_generation=0, previous=prev_gen)
+            assert got == served(again)
+            assert list(session.registry_errors.values()) == [r.describe() for r in again.rejected]
+            # Each projection made from the previous one is what projecting afresh gives.
+            for view in views:
+                assert view.handle is not None
+                snapshot = view.handle.entry.snapshot
+                made = view.projection_of(snapshot)
+                fresh = project(
+                    snapshot, view.key, view.name, prefix=view.prefix, budget=session.name_budget
+                )
+                assert (made.tools, made.prompts, made.hidden_tools) == (
+                    fresh.tools,
+                    fresh.prompts,
+                    fresh.hidden_tools,
+                )
+            # Told exactly when its own served lists changed, canonically.
+            changed = got[2]["tools"] != prev_served[2]["tools"]
+            assert out.notifications() == (["notifications/tools/list_changed"] if changed else [])
+        nursery.cancel_scope.cancel()
+
+
+@given(tool_lists, tool_lists)
+def test_a_relist_keeping_unchanged_items_serves_what_a_fresh_build_serves(
+    before: list[tuple[str, str]], after: list[tuple[str, str]]
+) -> None:
+    trio.run(relist_scenario, before, after)

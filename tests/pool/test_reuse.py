@@ -1,0 +1,117 @@
+"""Listed items that did not change keep their decoded objects across relists (issue 17).
+
+`KnownItems.decode` must give what a full decode gives (the same values, the same cursor, the
+same answer for results that are no list at all), and the items whose encoding did not change
+must be the very objects of the last accepted listing, which is what lets everything derived
+from them downstream be reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import trio
+import trio.testing
+from fakes import FakeNet, FakeServer, make_pool, stdio, tool
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcpool.pool import PoolEntry, identity_of
+from mcpool.pool._reuse import KnownItems
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=10,
+)
+items = st.lists(st.one_of(st.builds(tool, st.text(max_size=3)), json_values), max_size=8)
+
+
+def page(field: str, listed: list[Any], cursor: Any = None) -> msgspec.Raw:
+    body: dict[str, Any] = {field: listed}
+    if cursor is not None:
+        body["nextCursor"] = cursor
+    return msgspec.Raw(msgspec.json.encode(body))
+
+
+@given(items, items, st.none() | st.text(max_size=3))
+def test_a_page_decodes_to_what_a_full_decode_gives(
+    first: list[Any], second: list[Any], cursor: str | None
+) -> None:
+    known = KnownItems()
+    for listed in (first, second, first):
+        known.start()
+        result = known.decode(page("tools", listed, cursor), "tools")
+        assert result["tools"] == msgspec.json.decode(msgspec.json.encode(listed))
+        assert result.get("nextCursor") == cursor
+        known.finish(tuple(i for i in result["tools"] if isinstance(i, dict)))
+
+
+def test_unchanged_items_are_the_objects_listed_before() -> None:
+    known = KnownItems()
+    before = [tool("a"), tool("b"), tool("c")]
+    known.start()
+    old = known.decode(page("tools", before), "tools")["tools"]
+    known.finish(tuple(old))
+    known.start()
+    new = known.decode(page("tools", [tool("c"), tool("b", "changed"), tool("a")]), "tools")
+    listed = new["tools"]
+    assert listed[0] is old[2] and listed[2] is old[0]  # moved, unchanged: the same objects
+    assert listed[1] is not old[1] and listed[1]["description"] == "changed"
+    assert known.fresh == [listed[1]]  # only the changed one is new (and checked again)
+
+
+def test_only_accepted_items_of_a_complete_listing_are_kept() -> None:
+    known = KnownItems()
+    known.start()
+    first = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
+    known.finish((first[0],))  # the pool left the malformed item out
+    assert len(known) == 1
+    known.start()
+    again = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
+    assert again[0] is first[0]
+    assert again[1] is not first[1] and known.fresh == [again[1]]  # checked (and refused) again
+
+
+def test_results_that_are_no_page_decode_as_before() -> None:
+    known = KnownItems()
+    for body in (b"[1,2]", b'{"tools":null}', b'{"nextCursor":"x"}', b'"text"', b"null"):
+        known.start()
+        assert known.decode(msgspec.Raw(body), "tools") == msgspec.json.decode(body)
+
+
+class Listener:
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        pass
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: object) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: object, msg: object) -> None:
+        return None
+
+
+async def test_a_relist_keeps_the_unchanged_tools_and_still_reports_malformed_ones(
+    nursery: trio.Nursery,
+) -> None:
+    server = FakeServer([tool("a"), tool("b"), {"description": "no name"}])
+    pool = make_pool(nursery, FakeNet(srv=server))
+    settings = stdio()
+    with trio.fail_after(5):
+        handle = await pool.acquire(identity_of("srv", settings), settings, "s1", Listener())
+    entry = handle.entry
+    first = entry.snapshot.tools
+    assert [t["name"] for t in first] == ["a", "b"]
+    assert any("1 malformed item" in n for n in entry.snapshot.notes)
+
+    server.tools = [tool("b"), tool("a", "changed"), {"description": "no name"}]
+    server.upstreams[-1].list_changed()
+    with trio.fail_after(5):
+        while entry.snapshot.tools is first:
+            await trio.sleep(0.01)
+    relisted = entry.snapshot.tools
+    assert relisted == (tool("b"), tool("a", "changed"))
+    assert relisted[0] is first[1]  # unchanged: the object of the first listing
+    assert relisted[1] is not first[0]
+    assert any("1 malformed item" in n for n in entry.snapshot.notes)  # still said
