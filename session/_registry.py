@@ -21,6 +21,7 @@ import itertools
 import operator
 import re
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._canoncache import canonical_of
@@ -209,56 +210,79 @@ _projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, dict[str,
 )
 
 
+_Item = tuple[str, str, dict[str, Any]]  # a projected item: (exposed, upstream, served)
+
+
 def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
         # Clones shared with the projection this one was made from keep their bytes.
-        before = predecessor(proj)
-        known = _projection_canonical.get(before) if before is not None else None
-        tools: dict[str, bytes]
-        prompts: dict[str, bytes]
-        if before is not None and known is not None:
-            tools = _canonical_kept(proj.tools, before.tools, known["tools"])
-            prompts = _canonical_kept(proj.prompts, before.prompts, known["prompts"])
-        else:
+        link = predecessor(proj)
+        known = _projection_canonical.get(link[0]) if link is not None else None
+        tools: dict[str, bytes] | None = None
+        if link is not None and known is not None:
+            before, head, tail = link
+            old = known["tools"]
+            kept = {id(t) for t in before.tools[head : len(before.tools) - tail]}
+            tools = _patched(
+                proj.tools,
+                before.tools,
+                head,
+                tail,
+                old,
+                lambda t: old[t[0]] if id(t) in kept else canonical_of(t[2]),
+            )
+        if tools is None:
             tools = {exposed: canonical_of(t) for exposed, _, t in proj.tools}
-            prompts = {exposed: canonical_of(p) for exposed, _, p in proj.prompts}
-        found = {
-            "tools": tools,
-            "prompts": prompts,
-            "resources": {
-                **{
-                    r["uri"]: canonical_of(r)
-                    for r in proj.resources
-                    if isinstance(r.get("uri"), str)
+        if (
+            link is not None
+            and known is not None
+            and link[0].prompts is proj.prompts
+            and link[0].resources is proj.resources
+            and link[0].resource_templates is proj.resource_templates
+        ):
+            found = {**known, "tools": tools}  # only the tools were listed again
+        else:
+            found = {
+                "tools": tools,
+                "prompts": {exposed: canonical_of(p) for exposed, _, p in proj.prompts},
+                "resources": {
+                    **{
+                        r["uri"]: canonical_of(r)
+                        for r in proj.resources
+                        if isinstance(r.get("uri"), str)
+                    },
+                    **{
+                        "template:" + t["uriTemplate"]: canonical_of(t)
+                        for t in proj.resource_templates
+                        if isinstance(t.get("uriTemplate"), str)
+                    },
                 },
-                **{
-                    "template:" + t["uriTemplate"]: canonical_of(t)
-                    for t in proj.resource_templates
-                    if isinstance(t.get("uriTemplate"), str)
-                },
-            },
-        }
+            }
         _projection_canonical[proj] = found
     return found
 
 
-def _canonical_kept(
-    items: tuple[tuple[str, str, dict[str, Any]], ...],
-    before: tuple[tuple[str, str, dict[str, Any]], ...],
-    known: dict[str, bytes],
-) -> dict[str, bytes]:
-    """Canonical bytes by exposed name; a clone `before` holds too keeps its bytes (C passes,
-    then one computation per new clone)."""
-    kept = set(map(id, before))
-    exposed = list(map(_first, items))
-    found: list[bytes | None] = [
-        known[name] if same else None
-        for name, same in zip(exposed, map(kept.__contains__, map(id, items)), strict=True)
-    ]
-    for position in [i for i, b in enumerate(found) if b is None]:
-        found[position] = canonical_of(items[position][2])
-    return dict(zip(exposed, found, strict=True))
+def _patched(
+    items: tuple[_Item, ...],
+    before: tuple[_Item, ...],
+    head: int,
+    tail: int,
+    table: dict[str, Any],
+    value: Callable[[_Item], Any],
+) -> dict[str, Any] | None:
+    """`table` (one entry per item of `before`, by exposed name) for `items`, which start with
+    `head` and end with `tail` of the very items of `before`: a copy (one C pass) with the
+    middle's entries replaced by `value` of each new middle item. None when the names do not
+    come out one per item (the caller then computes the table whole)."""
+    if len(table) != len(before):
+        return None
+    out = dict(table)
+    for t in before[head : len(before) - tail]:
+        out.pop(t[0], None)
+    for t in items[head : len(items) - tail]:
+        out[t[0]] = value(t)
+    return out if len(out) == len(items) else None
 
 
 _first = operator.itemgetter(0)
@@ -409,7 +433,7 @@ def _choose(
     for index in order:
         view = views[index]
         old = served[index]
-        first = _claim(views, index, fresh[index][0], claims)
+        first = _claim(views, index, fresh[index][0], claims, last=index == order[-1])
         if first is not None and old is not None and old[0] is not fresh[index][0]:
             # The fallbacks, in order, each built only when what comes before it is rejected.
             part, good = old
@@ -436,8 +460,9 @@ def _choose(
 class _OwnNames(NamedTuple):
     """One kind's names of one projection, validated on their own (once per projection)."""
 
-    # casefolded exposed name -> (position, exposed, upstream), for the items before `problem`
-    names: dict[str, tuple[int, str, str]]
+    # casefolded exposed name -> the item (exposed, upstream, served), for the items before
+    # `problem` (the first of each name)
+    names: dict[str, _Item]
     # The first item that breaks a rule on its own (a name rule, or a name the projection
     # already uses): (position, upstream name, rule); None when there is none.
     problem: tuple[int, str, str] | None
@@ -450,33 +475,68 @@ _own_names: weakref.WeakKeyDictionary[Projection, tuple[_OwnNames, _OwnNames]] =
 
 def own_names(proj: Projection) -> tuple[_OwnNames, _OwnNames]:
     """The projection's tool and prompt names, validated without the other servers: computed
-    once per projection however many sessions (and candidates) serve it."""
+    once per projection however many sessions (and candidates) serve it, and for a projection
+    made from a previous one, from that one's names and the items that differ."""
     found = _own_names.get(proj)
     if found is None:
-        found = (_validate_own(proj.tools, "tool"), _validate_own(proj.prompts, "prompt"))
+        tools: _OwnNames | None = None
+        prompts: _OwnNames | None = None
+        link = predecessor(proj)
+        known = _own_names.get(link[0]) if link is not None else None
+        if link is not None and known is not None:
+            before, head, tail = link
+            if known[0].problem is None:
+                tools = _names_patched(proj.tools, before.tools, head, tail, known[0].names)
+            if before.prompts is proj.prompts:
+                prompts = known[1]
+        found = (
+            tools if tools is not None else _validate_own(proj.tools, "tool"),
+            prompts if prompts is not None else _validate_own(proj.prompts, "prompt"),
+        )
         _own_names[proj] = found
     return found
 
 
-def _validate_own(items: tuple[tuple[str, str, dict[str, Any]], ...], kind: str) -> _OwnNames:
+def _names_patched(
+    items: tuple[_Item, ...],
+    before: tuple[_Item, ...],
+    head: int,
+    tail: int,
+    names: dict[str, _Item],
+) -> _OwnNames | None:
+    """`before`'s valid names, for `items` (see `_patched`): None unless every new middle
+    item passes the name rules and takes a name nobody else in `items` has."""
+    if len(names) != len(before):
+        return None
+    out = dict(names)
+    for t in before[head : len(before) - tail]:
+        out.pop(t[0].casefold(), None)
+    for t in items[head : len(items) - tail]:
+        folded = t[0].casefold()
+        if folded in out or _name_rule(t[1], "tool") is not None:
+            return None  # the full pass finds which item is first to break a rule
+        out[folded] = t
+    return _OwnNames(out, None) if len(out) == len(items) else None
+
+
+def _validate_own(items: tuple[_Item, ...], kind: str) -> _OwnNames:
     # The common case in a few C passes: unique folded names, every name well formed.
     upstreams: list[str] = list(map(_second, items))
     if all(upstreams) and upstreams == list(map(str.strip, upstreams)):
-        names_out: list[str] = list(map(_first, items))
-        entries = zip(range(len(items)), names_out, upstreams, strict=True)
-        every = dict(zip(map(str.casefold, names_out), entries, strict=True))
+        every = dict(zip(map(str.casefold, map(_first, items)), items, strict=True))
         if len(every) == len(items):
             return _OwnNames(every, None)
-    names: dict[str, tuple[int, str, str]] = {}
-    for position, (exposed, upstream, _) in enumerate(items):
+    names: dict[str, _Item] = {}
+    for position, item in enumerate(items):
+        exposed, upstream, _ = item
         rule = _name_rule(upstream, kind)
         folded = exposed.casefold()
         clash = names.get(folded)
         if rule is None and clash is not None:
-            rule = _clash_rule(exposed, clash[1], f"its {kind} {clash[2]!r}")
+            rule = _clash_rule(exposed, clash[0], f"its {kind} {clash[1]!r}")
         if rule is not None:
             return _OwnNames(names, (position, upstream, rule))
-        names[folded] = (position, exposed, upstream)
+        names[folded] = item
     return _OwnNames(names, None)
 
 
@@ -497,12 +557,17 @@ class _Claims:
     __slots__ = ("names", "owners")
 
     def __init__(self) -> None:
-        self.names: dict[str, dict[str, tuple[int, str, str]]] = {"tool": {}, "prompt": {}}
+        self.names: dict[str, dict[str, _Item]] = {"tool": {}, "prompt": {}}
         self.owners: dict[str, dict[str, int]] = {"tool": {}, "prompt": {}}
 
 
 def _claim(
-    views: list[SessionView], index: int, proj: Projection, claims: _Claims
+    views: list[SessionView],
+    index: int,
+    proj: Projection,
+    claims: _Claims,
+    *,
+    last: bool = False,
 ) -> CandidateRejected | None:
     """Validate view `index`'s part `proj` against the names already claimed; claim its names
     when it passes, change nothing when it does not. The first offending item in list order
@@ -516,15 +581,23 @@ def _claim(
         problem = mine.problem
         taken = mine.names.keys() & claimed.keys() if claimed else ()
         if taken:
-            folded = min(taken, key=lambda f: mine.names[f][0])
-            position, exposed, upstream = mine.names[folded]
+            # The first taken name in list order (its first item: `names` keeps the first).
+            items = proj.tools if kind == "tool" else proj.prompts
+            first_at: dict[int, int] = {}
+            for i, item in enumerate(items):
+                first_at.setdefault(id(item), i)
+            folded = min(taken, key=lambda f: first_at[id(mine.names[f])])
+            position = first_at[id(mine.names[folded])]
+            exposed, upstream, _ = mine.names[folded]
             if problem is None or position < problem[0]:
                 other = views[claims.owners[kind][folded]].name
-                _, other_exposed, _ = claimed[folded]
+                other_exposed = claimed[folded][0]
                 rule = _clash_rule(exposed, other_exposed, f"server '{other}'")
                 return CandidateRejected(server, upstream, rule)
         if problem is not None:
             return CandidateRejected(server, problem[1], problem[2])
+    if last:
+        return None  # nobody claims after it: its names need not be recorded
     for kind, mine in zip(("tool", "prompt"), own, strict=True):
         claims.names[kind].update(mine.names)
         claims.owners[kind].update(dict.fromkeys(mine.names, index))
@@ -543,20 +616,14 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     resource_routes: dict[str, int] = {}
     template_routes: list[tuple[re.Pattern[str], str, int]] = []
     canon: dict[str, dict[str, bytes]] = {k: {} for k in LIST_KINDS}
+    parts: dict[str, list[tuple[dict[str, tuple[int, str]], tuple[Any, ...], dict[str, bytes]]]]
+    parts = {"tools": [], "prompts": []}
     for index, proj in enumerate(projections):
         if not proj.available:
             continue
         pc = projection_canonical(proj)
-        # Names are unique across the parts (`_claim`): each part's tables merge whole.
-        for items, routes, served, kind in (
-            (proj.tools, tool_routes, tools, "tools"),
-            (proj.prompts, prompt_routes, prompts, "prompts"),
-        ):
-            at = itertools.repeat(index, len(items))
-            pairs = zip(at, map(_second, items), strict=True)
-            routes.update(zip(map(_first, items), pairs, strict=True))
-            served.extend(map(_third, items))
-            canon[kind].update(pc[kind])
+        for kind in ("tools", "prompts"):
+            parts[kind].append((*_part_tables(proj, index, kind), pc[kind]))
         for res in proj.resources:
             uri = res.get("uri")
             if isinstance(uri, str) and uri not in resource_routes:
@@ -569,8 +636,24 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
                 template_routes.append((template_pattern(uri_t), uri_t, index))
                 templates.append(tpl)
                 canon["resources"]["template:" + uri_t] = pc["resources"]["template:" + uri_t]
-    agg.tools = tuple(tools)
-    agg.prompts = tuple(prompts)
+    # Names are unique across the parts (`_claim`): each part's tables merge whole, and one
+    # part's are the aggregate's (shared, never modified).
+    if len(parts["tools"]) == 1:
+        tool_routes, agg.tools, canon["tools"] = parts["tools"][0]
+    else:
+        for routes, served, part_canon in parts["tools"]:
+            tool_routes.update(routes)
+            tools.extend(served)
+            canon["tools"].update(part_canon)
+        agg.tools = tuple(tools)
+    if len(parts["prompts"]) == 1:
+        prompt_routes, agg.prompts, canon["prompts"] = parts["prompts"][0]
+    else:
+        for routes, served, part_canon in parts["prompts"]:
+            prompt_routes.update(routes)
+            prompts.extend(served)
+            canon["prompts"].update(part_canon)
+        agg.prompts = tuple(prompts)
     agg.resources = tuple(resources)
     agg.resource_templates = tuple(templates)
     agg.tool_routes = tool_routes
@@ -579,6 +662,45 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     agg.template_routes = tuple(template_routes)
     agg.canonical = canon
     return agg
+
+
+# Per projection, per view index and kind: its routes (exposed -> (view index, upstream)) and
+# served items, what an aggregate of it merges in (a projection made from a previous one derives
+# both from that one's: one C copy, then its middle).
+_PartTables = tuple[dict[str, tuple[int, str]], tuple[dict[str, Any], ...]]
+_part_tables_of: weakref.WeakKeyDictionary[Projection, dict[tuple[int, str], _PartTables]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _part_tables(proj: Projection, index: int, kind: str) -> _PartTables:
+    tables = _part_tables_of.get(proj)
+    if tables is None:
+        tables = _part_tables_of[proj] = {}
+    found = tables.get((index, kind))
+    if found is not None:
+        return found
+    items: tuple[_Item, ...] = proj.tools if kind == "tools" else proj.prompts
+    routes: dict[str, tuple[int, str]] | None = None
+    served: tuple[dict[str, Any], ...] | None = None
+    link = predecessor(proj) if kind == "tools" else None
+    known = _part_tables_of.get(link[0], {}).get((index, kind)) if link is not None else None
+    if link is not None and known is not None:
+        before, head, tail = link
+        routes = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
+        old_served = known[1]
+        middle = items[head : len(items) - tail]
+        served = (
+            *old_served[:head],
+            *map(_third, middle),
+            *old_served[len(old_served) - tail :],
+        )
+    if routes is None or served is None:
+        pairs = zip(itertools.repeat(index, len(items)), map(_second, items), strict=True)
+        routes = dict(zip(map(_first, items), pairs, strict=True))
+        served = tuple(map(_third, items))
+    found = tables[(index, kind)] = (routes, served)
+    return found
 
 
 def _empty_aggregate() -> Aggregate:

@@ -11,7 +11,9 @@ the same policy hold one projected list, not a thousand.
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -65,20 +67,25 @@ def project(
     and names; an item that is the very object it projected (pool/_reuse.py keeps unchanged
     items' objects across relists) keeps its projected clone, so unchanged items stay the same
     objects from end to end (issue 17)."""
-    reuse_tools: dict[int, tuple[str, str, dict[str, Any]]] = {}
+    sources = _sources.get(previous) if previous is not None else None
     reuse_prompts: dict[int, tuple[str, str, dict[str, Any]]] = {}
-    if previous is not None:
-        sources = _sources.get(previous)
-        if sources is not None:
-            reuse_tools = dict(zip(map(id, sources[0]), previous.tools, strict=True))
-            reuse_prompts = dict(zip(map(id, sources[1]), previous.prompts, strict=True))
-    # Each snapshot tool's clone from `previous` (None: to be made), in one C pass.
+    head = tail = 0  # tools at either end that are the previous projection's, unchanged
+    old_tools: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+    old_sources: tuple[dict[str, Any], ...] = ()
+    if previous is not None and sources is not None:
+        old_tools, old_sources = previous.tools, sources[0]
+        head, tail = common_ends(snapshot.tools, old_sources)
+        reuse_prompts = dict(zip(map(id, sources[1]), previous.prompts, strict=True))
+    # Only the middle is looked at item by item; its unchanged items still keep their clones.
+    middle = snapshot.tools[head : len(snapshot.tools) - tail]
+    old_middle = slice(head, len(old_sources) - tail)
+    reuse_tools = dict(zip(map(id, old_sources[old_middle]), old_tools[old_middle], strict=True))
     cloned: list[tuple[str, str, dict[str, Any]] | None] = list(
-        map(reuse_tools.get, map(id, snapshot.tools))
+        map(reuse_tools.get, map(id, middle))
     )
     hidden: list[str] = []
     for position in [i for i, hit in enumerate(cloned) if hit is None]:
-        tool = snapshot.tools[position]
+        tool = middle[position]
         upstream = tool.get("name")
         if not isinstance(upstream, str):
             continue
@@ -95,8 +102,13 @@ def project(
         exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         cloned[position] = (exposed, upstream, {**tool, "name": exposed, "_meta": meta})
     # (Left None: not a tool, or hidden.)
-    tools = list(filter(None, cloned))
-    tool_sources = list(itertools.compress(snapshot.tools, cloned))
+    end = len(old_tools) - tail
+    tools = (*old_tools[:head], *filter(None, cloned), *old_tools[end:])
+    tool_sources = (
+        *old_sources[:head],
+        *itertools.compress(middle, cloned),
+        *old_sources[end:],
+    )
     prompts: list[tuple[str, str, dict[str, Any]]] = []
     prompt_sources: list[dict[str, Any]] = []
     for prompt in snapshot.prompts:
@@ -111,11 +123,19 @@ def project(
         exposed = exposed_name(server, upstream, prefix=prefix, budget=budget)
         prompts.append((exposed, upstream, {**prompt, "name": exposed}))
         prompt_sources.append(prompt)
+    prompts_out = tuple(prompts)
+    # Unchanged prompts: the same tuple, a cheap test downstream.
+    if (
+        previous is not None
+        and len(prompts_out) == len(previous.prompts)
+        and all(map(operator.is_, prompts_out, previous.prompts))
+    ):
+        prompts_out = previous.prompts
     proj = Projection(
         generation=snapshot.generation,
         available=snapshot.available,
-        tools=tuple(tools),
-        prompts=tuple(prompts),
+        tools=tools,
+        prompts=prompts_out,
         hidden_tools=tuple(hidden),
         resources=snapshot.resources,
         resource_templates=snapshot.resource_templates,
@@ -123,27 +143,49 @@ def project(
         capabilities=snapshot.capabilities,
     )
     # The source items, in step with `tools` and `prompts` (they keep the ids valid).
-    _sources[proj] = (tuple(tool_sources), tuple(prompt_sources))
-    if previous is not None:
-        _predecessors[proj] = weakref.ref(previous)
+    _sources[proj] = (tool_sources, tuple(prompt_sources))
+    if previous is not None and sources is not None:
+        _predecessors[proj] = (weakref.ref(previous), head, tail)
     return proj
+
+
+def common_ends(new: Sequence[Any], old: Sequence[Any]) -> tuple[int, int]:
+    """How many items at the start and at the end of `new` are the very objects at the same
+    ends of `old` (the two never overlap): C passes, no Python work per item."""
+    same = list(map(operator.is_, new, old))
+    try:
+        head = same.index(False)
+    except ValueError:
+        head = len(same)
+    room = min(len(new), len(old)) - head
+    same = list(itertools.islice(map(operator.is_, reversed(new), reversed(old)), room))
+    try:
+        tail = same.index(False)
+    except ValueError:
+        tail = len(same)
+    return head, tail
 
 
 # Per projection made by `project`: the snapshot items its tools and prompts were cloned from.
 _sources: weakref.WeakKeyDictionary[
     Projection, tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]
 ] = weakref.WeakKeyDictionary()
-# Per projection made from a previous one: that one, while it lives (session/_registry.py reuses
-# its canonical bytes for the clones they share).
-_predecessors: weakref.WeakKeyDictionary[Projection, weakref.ref[Projection]] = (
+# Per projection made from a previous one: that one (while it lives), and how many tools at the
+# start and at the end of both are the same clones (session/_registry.py then derives canonical
+# bytes, names and routes from the previous one's, touching only the middle).
+_predecessors: weakref.WeakKeyDictionary[Projection, tuple[weakref.ref[Projection], int, int]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def predecessor(proj: Projection) -> Projection | None:
-    """The projection `proj` was made from (`project`'s `previous`), if it is still alive."""
-    ref = _predecessors.get(proj)
-    return ref() if ref is not None else None
+def predecessor(proj: Projection) -> tuple[Projection, int, int] | None:
+    """The projection `proj` was made from (`project`'s `previous`), if it is still alive, and
+    the number of tools the two share at the start and at the end."""
+    found = _predecessors.get(proj)
+    if found is None:
+        return None
+    before = found[0]()
+    return None if before is None else (before, found[1], found[2])
 
 
 # Per (entry, policy, names): its latest projection, which the next snapshot's builds on.

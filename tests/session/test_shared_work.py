@@ -231,6 +231,7 @@ def clear_shared_caches() -> None:
     _registry._aggregates.clear()
     _registry._own_names.clear()
     _registry._projection_canonical.clear()
+    _registry._part_tables_of.clear()
 
 
 def served(gen: RegistryGeneration) -> Any:
