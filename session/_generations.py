@@ -183,6 +183,11 @@ class SessionGenerations(SessionForwarding):
             return
         if changed and self.initialized and not self.closed:
             self.pending_kinds.update(changed)
+            if not self._notifying and not self.out.buffered:
+                # Nothing waits to be written: told now, the write itself and no task (S5:
+                # changes coalesce while a write is pending, and this one would not wait).
+                self._write_pending()
+                return
             self._notify_wake.set()
             if self.spawn is not None and not self._notifying:
                 self._notifying = True
@@ -252,6 +257,9 @@ class SessionGenerations(SessionForwarding):
     async def _send_pending(self) -> None:
         if self.out.buffered:
             await self.out.wait_drained()
+        self._write_pending()
+
+    def _write_pending(self) -> None:
         kinds, self.pending_kinds = self.pending_kinds, set()
         for kind in LIST_KINDS:
             if kind not in kinds:

@@ -334,15 +334,17 @@ _NOTHING = Projection(
 # different budgets or policies); past that the table starts again.
 MAX_MOVES = 16
 
-# Per view: fresh projection, fresh snapshot, served projection, its good snapshot (ids, 0 for
-# none), entry id, name, prefix, policy key, name budget.
-_MoveKey = tuple[tuple[int, int, int, int, int, str, bool, Any, int], ...]
+# Per view, ids of: its fresh projection, what it served and that part's good snapshot (0 for
+# none). A projection is made for one entry, snapshot, policy, server name, prefix and budget
+# (`shared_projection`), so its identity stands for all of them.
+_MoveKey = tuple[int, ...]
 
 
 class _Move(NamedTuple):
     chosen: tuple[tuple[Projection, Snapshot | None], ...]
     rejected: tuple[tuple[int, CandidateRejected], ...]
-    pins: tuple[Any, ...]  # the objects whose ids the key holds, alive while the move is kept
+    pins: tuple[Any, ...] = ()  # the objects whose ids the key holds, alive while it is kept
+    agg: Aggregate | None = None  # what the chosen parts make
 
 
 def build_candidate(
@@ -358,55 +360,52 @@ def build_candidate(
     generation being served): the server's last accepted snapshot through the current policy,
     else its previous part narrowed by the current filters, else nothing.
     """
-    before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
     fresh: list[tuple[Projection, Snapshot]] = []
-    served: list[tuple[Projection, Snapshot | None] | None] = []
     for view in views:
         assert view.handle is not None
         snapshot = view.handle.entry.snapshot
         fresh.append((view.projection_of(snapshot), snapshot))
-        i = before.get(id(view))
-        served.append(
-            None
-            if i is None or previous is None
-            else (previous.agg.projections[i], previous.good[i] if i < len(previous.good) else None)
-        )
     moves = previous.agg.moves if previous is not None and previous.views else None
     move_key: _MoveKey = ()
     move = None
-    if moves is not None:
-        move_key = tuple(
-            (
-                id(f[0]),
-                id(f[1]),
-                0 if old is None else id(old[0]),
-                0 if old is None or old[1] is None else id(old[1]),
-                id(view.handle.entry) if view.handle is not None else 0,
-                view.name,
-                view.prefix,
-                view.key,
-                view.session.name_budget,
-            )
-            for view, f, old in zip(views, fresh, served, strict=True)
+    if previous is not None and previous.views == tuple(views) and moves is not None:
+        # The same views as before (a relist, the common move): view i served part i.
+        old_parts, old_good = previous.agg.projections, previous.good
+        move_key = (
+            *map(id, [f[0] for f in fresh]),
+            *map(id, old_parts),
+            *(0 if g is None else id(g) for g in old_good),
         )
         move = moves.get(move_key)
     if move is None:
+        before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
+        served: list[tuple[Projection, Snapshot | None] | None] = []
+        for view in views:
+            i = before.get(id(view))
+            served.append(
+                None
+                if i is None or previous is None
+                else (
+                    previous.agg.projections[i],
+                    previous.good[i] if i < len(previous.good) else None,
+                )
+            )
         move = _choose(views, fresh, served)
-        if moves is not None:
+        projections = [proj for proj, _ in move.chosen]
+        # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
+        key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
+        agg = _aggregates.get(key)
+        if agg is None:
+            agg = _build_aggregate(views, projections)
+            _aggregates[key] = agg
+        move = move._replace(agg=agg)
+        if move_key and moves is not None:
             if len(moves) >= MAX_MOVES:
                 moves.clear()
-            moves[move_key] = move._replace(
-                pins=(fresh, served, [v.handle.entry if v.handle else None for v in views])
-            )
-    projections = [proj for proj, _ in move.chosen]
-    # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
-    key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
-    agg = _aggregates.get(key)
-    if agg is None:
-        agg = _build_aggregate(views, projections)
-        _aggregates[key] = agg
+            moves[move_key] = move._replace(pins=(fresh, served))
+    assert move.agg is not None
     return RegistryGeneration(
-        agg,
+        move.agg,
         tuple(views),
         number=number,
         settings_generation=settings_generation,
@@ -454,7 +453,7 @@ def _choose(
             chosen[index] = (_NOTHING, old[1] if old is not None else None)
         if first is not None:
             rejected[index] = first
-    return _Move(tuple(chosen), tuple((i, rejected[i]) for i in sorted(rejected)), ())
+    return _Move(tuple(chosen), tuple((i, rejected[i]) for i in sorted(rejected)))
 
 
 class _OwnNames(NamedTuple):
