@@ -25,7 +25,7 @@ from mcpool.session import Session, _canoncache, _registry
 from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
 from mcpool.session._registry import LIST_KINDS, RegistryGeneration, build_candidate
-from mcpool.session._view import project
+from mcpool.session._view import common_ends, project
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -294,3 +294,19 @@ def test_a_relist_keeping_unchanged_items_serves_what_a_fresh_build_serves(
     before: list[tuple[str, str]], after: list[tuple[str, str]]
 ) -> None:
     trio.run(relist_scenario, before, after)
+
+
+@given(st.lists(st.integers(0, 5), max_size=8), st.lists(st.integers(0, 5), max_size=8))
+def test_common_ends_are_the_longest_shared_ends_by_identity(
+    old: list[int], new: list[int]
+) -> None:
+    pool_of = [object() for _ in range(6)]
+    a, b = [pool_of[i] for i in new], [pool_of[i] for i in old]
+    head, tail = common_ends(a, b)
+    assert head + tail <= min(len(a), len(b))
+    assert all(x is y for x, y in zip(a[:head], b[:head], strict=True))
+    assert all(x is y for x, y in zip(a[len(a) - tail :], b[len(b) - tail :], strict=True))
+    # Longest: the next item in from either end differs (or the ends meet).
+    room = min(len(a), len(b))
+    assert head == room or a[head] is not b[head] or head + tail == room
+    assert tail == room - head or a[len(a) - 1 - tail] is not b[len(b) - 1 - tail]
