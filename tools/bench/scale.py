@@ -20,17 +20,19 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import INIT, Daemon, LineConn, call_line, fake, median, pct, table, write_result
+from _common import INIT, ROOT, Daemon, LineConn, call_line, fake, median, pct, table, write_result
 
 TICK = os.sysconf("SC_CLK_TCK")
 SERVERS = 5  # per session, as in the issue
@@ -271,47 +273,143 @@ def list_changed(tools: int, sessions: int, rounds: int) -> dict[str, Any]:
     }
 
 
-def bridge_start(runs: int) -> dict[str, Any]:
-    d = Daemon(servers(1))
-    try:
-        close(*attach(d, "warm"))  # the entry is up: a warm attach
-        times: list[float] = []
-        bare: list[float] = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            p = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mcpool",
-                    "attach",
-                    "--socket",
-                    d.sock,
-                    "--settings",
-                    d.config,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=d.env,
-            )
-            assert p.stdin is not None
-            assert p.stdout is not None
-            p.stdin.write(json.dumps(INIT).encode() + b"\n")
+# The layer folders and where a wheel puts them (pyproject.toml's package-dir).
+LAYERS = {
+    "mcpool": "mcpool",
+    "protocol": "mcpool/protocol",
+    "pool": "mcpool/pool",
+    "session": "mcpool/session",
+    "daemon": "mcpool/daemon",
+}
+
+
+def installed_copy(dest: str) -> tuple[str, str]:
+    """This tree installed as a wheel installs it, in a fresh venv: the packages compiled (pip
+    writes .pyc files at install; the dev venv's editable hook and PYTHONDONTWRITEBYTECODE are
+    not what a user runs), and bin/mcpool with its `#!python` line pointing at the venv, as pip
+    writes it. The bridge is stdlib-only, so no dependency is needed. Returns (python, mcpool)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", dest], check=True)
+    python = os.path.join(dest, "bin", "python")
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = os.path.join(dest, "lib", version, "site-packages")
+    for folder, target in LAYERS.items():
+        shutil.copytree(
+            ROOT / folder,
+            os.path.join(site, target),
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    subprocess.run([python, "-m", "compileall", "-q", os.path.join(site, "mcpool")], check=True)
+    script = (ROOT / "bin" / "mcpool").read_text().split("\n", 1)[1]
+    command = os.path.join(dest, "bin", "mcpool")
+    Path(command).write_text(f"#!{python}\n{script}")
+    os.chmod(command, 0o755)
+    return python, command
+
+
+def _spawn_attach(command: list[str], d: Daemon) -> tuple[float, float]:
+    """(ms until initialize is answered, CPU ms of the bridge process) for one launch."""
+    start = time.perf_counter()
+    p = subprocess.Popen(
+        [*command, "attach", "--socket", d.sock, "--settings", d.config],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=d.env,
+    )
+    assert p.stdin is not None
+    assert p.stdout is not None
+    p.stdin.write(json.dumps(INIT).encode() + b"\n")
+    p.stdin.flush()
+    answered = p.stdout.readline()
+    took = (time.perf_counter() - start) * 1000
+    assert b'"result"' in answered, answered
+    p.stdin.close()
+    _pid, _status, usage = os.wait4(p.pid, 0)
+    p.returncode = 0  # reaped above
+    p.stdout.close()
+    return took, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def _spawn_bare(python: str) -> tuple[float, float]:
+    start = time.perf_counter()
+    pid = os.posix_spawn(python, [python, "-c", "pass"], os.environ)
+    _pid, _status, usage = os.wait4(pid, 0)
+    return (time.perf_counter() - start) * 1000, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int | None:
+    """Instructions executed by `argv`'s own process (callgrind; not the shell it may exec
+    into), or None without valgrind. Repeatable where wall time on a shared machine is not.
+    `stdin`: written, then one line read back, then stdin closed."""
+    if shutil.which("valgrind") is None:
+        return None
+    with tempfile.TemporaryDirectory() as out:
+        p = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**env, "PYTHONHASHSEED": "0"},
+        )
+        assert p.stdin is not None
+        assert p.stdout is not None
+        if stdin is not None:
+            p.stdin.write(stdin)
             p.stdin.flush()
             p.stdout.readline()
-            times.append((time.perf_counter() - start) * 1000)
-            p.stdin.close()
-            p.wait(timeout=10)
-            # Interleaved, so both see the same load: the same interpreter and site doing nothing.
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "pass"], check=True)
-            bare.append((time.perf_counter() - start) * 1000)
+        p.stdin.close()
+        p.stdout.read()
+        p.wait(timeout=120)
+        for name in os.listdir(out):
+            for line in Path(out, name).read_text().splitlines():
+                if line.startswith("totals:"):
+                    return int(line.split()[1])
+    return None
+
+
+def bridge_start(runs: int) -> dict[str, Any]:
+    """`mcpool attach` to a warm daemon until initialize is answered, against the same
+    interpreter doing nothing (`-c pass`), interleaved so both see the same load: as installed
+    from a wheel (the target), and in this dev venv (editable install) for reference."""
+    d = Daemon(servers(1))
+    work = tempfile.mkdtemp(prefix="mcpool-bridge-")
+    try:
+        close(*attach(d, "warm"))  # the entry is up: a warm attach
+        python, command = installed_copy(os.path.join(work, "venv"))
+        dev_script = os.path.join(os.path.dirname(sys.executable), "mcpool")
+        dev = [dev_script] if os.path.exists(dev_script) else [sys.executable, "-m", "mcpool"]
+        kinds = {
+            "installed": lambda: _spawn_attach([command], d),
+            "installed_bare": lambda: _spawn_bare(python),
+            "dev_venv": lambda: _spawn_attach(dev, d),
+            "dev_venv_bare": lambda: _spawn_bare(sys.executable),
+        }
+        for run in kinds.values():
+            run()  # warm the page cache and the entry
+        wall: dict[str, list[float]] = {k: [] for k in kinds}
+        cpu_ms: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(runs):
+            for kind, run in kinds.items():
+                took, used = run()
+                wall[kind].append(took)
+                cpu_ms[kind].append(used)
+        init = json.dumps(INIT).encode() + b"\n"
+        argv = [command, "attach", "--socket", d.sock, "--settings", d.config]
+        attach_ir = instructions(argv, d.env, init)
+        bare_ir = instructions([python, "-c", "pass"], d.env, None)
     finally:
         d.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return {
         "runs": runs,
-        "attach_median_ms": round(median(times), 1),
-        "bare_python_median_ms": round(median(bare), 1),
+        "attach_instructions": attach_ir,
+        "bare_python_instructions": bare_ir,
+        "attach_median_ms": round(median(wall["installed"]), 1),
+        "bare_python_median_ms": round(median(wall["installed_bare"]), 1),
+        "attach_cpu_median_ms": round(median(cpu_ms["installed"]), 1),
+        "bare_python_cpu_median_ms": round(median(cpu_ms["installed_bare"]), 1),
+        "dev_venv_attach_median_ms": round(median(wall["dev_venv"]), 1),
+        "dev_venv_bare_python_median_ms": round(median(wall["dev_venv_bare"]), 1),
     }
 
 
@@ -329,39 +427,70 @@ def idle_wakeups(seconds: float) -> dict[str, Any]:
     return {"seconds": seconds, "wakeups_per_s": round((after - before) / seconds, 2)}
 
 
+PARTS = ("idle", "bridge", "attach_detach", "close_burst", "sigterm", "list_changed")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the issue's sizes (3,000 sessions)")
+    ap.add_argument(
+        "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
+    )
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if only - set(PARTS):
+        ap.error(f"unknown parts: {sorted(only - set(PARTS))}")
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets, both ends
     full = args.full
     results: dict[str, Any] = {"mode": "full" if full else "quick"}
-    results["idle"] = idle_wakeups(10.0 if full else 5.0)
-    results["bridge"] = bridge_start(30 if full else 10)
-    results["attach_detach"] = attach_detach([100, 1000, 3000] if full else [100, 300, 1000])
-    results["close_burst"] = close_burst(1000 if full else 300)
-    results["sigterm"] = sigterm(3000 if full else 1000)
-    results["list_changed"] = list_changed(5100, 200, 3 if full else 1)
+    if "idle" in only:
+        results["idle"] = idle_wakeups(10.0 if full else 5.0)
+    if "bridge" in only:
+        results["bridge"] = bridge_start(60 if full else 10)
+    if "attach_detach" in only:
+        results["attach_detach"] = attach_detach([100, 1000, 3000] if full else [100, 300, 1000])
+    if "close_burst" in only:
+        results["close_burst"] = close_burst(1000 if full else 300)
+    if "sigterm" in only:
+        results["sigterm"] = sigterm(3000 if full else 1000)
+    if "list_changed" in only:
+        results["list_changed"] = list_changed(5100, 200, 3 if full else 1)
 
-    print(table(["sessions", "attach CPU ms", "detach CPU ms"], [
-        [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"]] for r in results["attach_detach"]
-    ]))  # fmt: skip
-    b = results["close_burst"]
-    print(f"\nclose {b['closed']} of {b['sessions']}: burst {b['burst_s']} s, other sessions' "
-          f"call p99 {b['p99_during_ms']} ms (max {b['max_during_ms']}, "
-          f"before {b['p99_before_ms']}) over {b['calls_during']} calls")  # fmt: skip
-    t = results["sigterm"]
-    print(f"SIGTERM with {t['sessions']} sessions: exit {t['exit_status']} after {t['exit_s']} s")
-    lc = results["list_changed"]
-    print(f"list_changed, {lc['tools']} tools, {lc['sessions']} sessions: "
-          f"{lc['change_cpu_ms']} ms daemon CPU; full re-read "
-          f"{lc['reread_cpu_ms_per_session']} ms CPU per session")  # fmt: skip
-    br = results["bridge"]
-    print(f"mcpool attach to a warm daemon: median {br['attach_median_ms']} ms "
-          f"(bare python {br['bare_python_median_ms']} ms)")  # fmt: skip
-    print(f"idle daemon: {results['idle']['wakeups_per_s']} wake-ups/s")
-    print(f"\nwrote {write_result('scale', results)}")
+    if "attach_detach" in results:
+        print(table(["sessions", "attach CPU ms", "detach CPU ms"], [
+            [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"]]
+            for r in results["attach_detach"]
+        ]))  # fmt: skip
+    if "close_burst" in results:
+        b = results["close_burst"]
+        print(f"\nclose {b['closed']} of {b['sessions']}: burst {b['burst_s']} s, other "
+              f"sessions' call p99 {b['p99_during_ms']} ms (max {b['max_during_ms']}, "
+              f"before {b['p99_before_ms']}) over {b['calls_during']} calls")  # fmt: skip
+    if "sigterm" in results:
+        t = results["sigterm"]
+        print(f"SIGTERM with {t['sessions']} sessions: exit {t['exit_status']} after "
+              f"{t['exit_s']} s")  # fmt: skip
+    if "list_changed" in results:
+        lc = results["list_changed"]
+        print(f"list_changed, {lc['tools']} tools, {lc['sessions']} sessions: "
+              f"{lc['change_cpu_ms']} ms daemon CPU; full re-read "
+              f"{lc['reread_cpu_ms_per_session']} ms CPU per session")  # fmt: skip
+    if "bridge" in results:
+        br = results["bridge"]
+        print(f"mcpool attach to a warm daemon, installed: median {br['attach_median_ms']} ms, "
+              f"{br['attach_cpu_median_ms']} ms CPU (bare python {br['bare_python_median_ms']} "
+              f"ms, {br['bare_python_cpu_median_ms']} ms CPU); this dev venv (editable "
+              f"install): {br['dev_venv_attach_median_ms']} ms (bare "
+              f"{br['dev_venv_bare_python_median_ms']} ms)")  # fmt: skip
+        if br["attach_instructions"] and br["bare_python_instructions"]:
+            print(f"  instructions (callgrind): attach {br['attach_instructions']:,}, bare "
+                  f"python {br['bare_python_instructions']:,}: "
+                  f"{br['attach_instructions'] / br['bare_python_instructions']:.2f}x")  # fmt: skip
+    if "idle" in results:
+        print(f"idle daemon: {results['idle']['wakeups_per_s']} wake-ups/s")
+    name = "scale" if only == set(PARTS) else "scale-" + "-".join(p for p in PARTS if p in only)
+    print(f"\nwrote {write_result(name, results)}")
 
 
 if __name__ == "__main__":
