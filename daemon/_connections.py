@@ -111,11 +111,15 @@ class _BridgeSockets:
     """The sockets of handed-off sessions' bridges, all watched by one task through one epoll
     set: a bridge that exits (or is killed) closes its socket, and that ends its session, so a
     client's server process and its session live and die together. A task per session would
-    cost ~3 KB each; this costs a dict entry."""
+    cost ~3 KB each; this costs a dict entry. When many bridges exit at once (an editor with
+    hundreds of sessions quits), at most `per_pass` of their sessions are closed before the
+    loop runs the other tasks again (epoll is level-triggered: the rest are reported on the next
+    turn), so the sessions still attached keep being served meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_pass: int) -> None:
         self._epoll = select.epoll()
         self._sessions: dict[int, Session] = {}
+        self._per_pass = per_pass
 
     def add(self, fd: int, session: Session) -> None:
         self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
@@ -129,7 +133,7 @@ class _BridgeSockets:
     async def run(self) -> None:
         while True:
             await trio.lowlevel.wait_readable(self._epoll.fileno())
-            for fd, _events in self._epoll.poll(0):
+            for fd, _events in self._epoll.poll(0, self._per_pass):
                 session = self._sessions.get(fd)
                 if session is None:
                     continue

@@ -212,7 +212,7 @@ class Daemon(ConnectionServer):
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
         self.watcher = SettingsWatcher(self.files_changed, self.stale_files, log=self.log)
-        self.bridges = _BridgeSockets()
+        self.bridges = _BridgeSockets(DETACH_BATCH)
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
