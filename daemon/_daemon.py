@@ -67,6 +67,7 @@ from ._connections import (  # noqa: F401
     HANDOFF_DRAIN_BOUND,
     HANDOFF_FDS,
     ConnectionServer,
+    DetachPacer,
     _at_fd_limit,
     _BridgeSockets,
     _linger_close,
@@ -197,7 +198,7 @@ class Daemon(ConnectionServer):
         self.watched = WatchedFiles([config_path])
         self.settings_generation = 0
         self.reload_gate = trio.Lock()
-        self._detach_pacer = trio.CapacityLimiter(DETACH_BATCH)
+        self._detach_pacer = DetachPacer(DETACH_BATCH)
         self.stop_requested = trio.Event()
         self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
         self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
