@@ -1,12 +1,17 @@
-"""DetachPacer (daemon/_connections.py): sessions whose clients left at once get their turn to
-close a few per loop pass, every one of them, and a waiter that is cancelled takes no turn away
-from the others."""
+"""Many sessions leaving at once (issue 17). DetachPacer (daemon/_connections.py): they get their
+turn to close a few per loop pass, every one of them, and a waiter that is cancelled takes no
+turn away from the others. bound_io_events_per_pass (daemon/_daemon.py): one loop pass wakes a
+bounded number of tasks waiting for I/O, and the others on the next passes."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
+import trio.testing
 
 from mcpool.daemon._connections import DetachPacer
+from mcpool.daemon._daemon import bound_io_events_per_pass
 
 WAIT = 5.0
 
@@ -62,3 +67,37 @@ async def test_a_cancelled_waiter_takes_no_turn_away() -> None:
             nursery.start_soon(leave, "cancelled", gone)
             nursery.start_soon(leave, "c", trio.CancelScope())
     assert sorted(got) == ["a", "c"]
+
+
+async def test_one_pass_wakes_a_bounded_number_of_io_waiters_and_loses_none() -> None:
+    from trio._core._io_epoll import EpollIOManager
+
+    unbounded = EpollIOManager.get_events
+    pairs = [socket.socketpair() for _ in range(200)]
+    passes = TurnsPerPass()
+    woken: list[int] = []
+    try:
+
+        async def reader(n: int, sock: socket.socket) -> None:
+            await trio.lowlevel.wait_readable(sock)
+            passes.per_pass[-1] += 1
+            woken.append(n)
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                for n, (ours, _theirs) in enumerate(pairs):
+                    nursery.start_soon(reader, n, ours)
+                await trio.testing.wait_all_tasks_blocked()
+                # Only now: the runner of this test is already waiting with the bound in force.
+                bound_io_events_per_pass(50)
+                trio.lowlevel.add_instrument(passes)
+                for _ours, theirs in pairs:
+                    theirs.close()  # every reader's fd is ready at once
+    finally:
+        EpollIOManager.get_events = unbounded  # type: ignore[method-assign]
+        trio.lowlevel.remove_instrument(passes)
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+    assert sorted(woken) == list(range(200))
+    assert max(passes.per_pass) <= 50
