@@ -7,11 +7,14 @@ While one pass runs, no other task (another session's call) can, so the longest 
 long the loop was held. Each pass is measured in CPU time of the loop's thread
 (`time.thread_time`, immune to the machine's other load) and in wall time; passes over
 `MIN_MS` are written to OUT.json at exit as [start (CLOCK_MONOTONIC s), cpu ms, wall ms, task
-steps], so a benchmark can pick those of a window it timed with `time.monotonic()`.
+steps], so a benchmark can pick those of a window it timed with `time.monotonic()`; so are the
+interpreter's full garbage collections (generation 2: they walk the whole heap), as [start, CPU
+ms].
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import runpy
 import sys
@@ -45,10 +48,29 @@ class LoopTimer(trio.abc.Instrument):
             self.passes.append([round(self._wall, 6), round(cpu, 3), round(wall, 3), self._steps])
 
 
+class FullCollections:
+    """The interpreter's full (generation 2) garbage collections: [start, cpu ms] each."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[float]] = []
+        self._start = (0.0, 0.0)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = (time.monotonic(), time.thread_time())
+        else:
+            cpu = (time.thread_time() - self._start[1]) * 1000
+            self.runs.append([round(self._start[0], 6), round(cpu, 3)])
+
+
 def main() -> None:
     out, rest = sys.argv[1], sys.argv[2:]
     assert rest[:2] == ["-m", "mcpool"], rest
     timer = LoopTimer()
+    collections = FullCollections()
+    gc.callbacks.append(collections)
     real_run = trio.run
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -57,7 +79,7 @@ def main() -> None:
             return real_run(*args, **kwargs)
         finally:
             with open(out, "w") as f:
-                json.dump(timer.passes, f)
+                json.dump({"passes": timer.passes, "full_collections": collections.runs}, f)
 
     trio.run = run  # the daemon's one trio.run (daemon/_daemon.py)
     sys.argv = ["mcpool", *rest[2:]]

@@ -36,6 +36,7 @@ from _common import INIT, ROOT, Daemon, LineConn, call_line, fake, median, pct, 
 
 SERVERS = 5  # per session, as in the issue
 OPS = 200  # attaches (then detaches) measured at each size
+LOOPTIME = Path(__file__).resolve().parent / "_looptime.py"  # the daemon's loop passes timed
 
 
 def cpu(pid: int) -> float:
@@ -119,7 +120,10 @@ def settle(pid: int, quiet: float = 0.2, timeout: float = 30.0) -> None:
 
 def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
     out = []
-    d = Daemon(servers())
+    fd, timings = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
+    os.close(fd)
+    windows: list[tuple[float, float, float]] = []  # attaches' start, detaches' start, end
+    d = Daemon(servers(), python_args=[str(LOOPTIME), timings])
     held: list[tuple[socket.socket, LineConn]] = []
     try:
         for size in sizes:
@@ -127,17 +131,20 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
                 held.append(attach(d, f"idle{len(held)}"))
             wait_sessions(d, size)
             settle(d.proc.pid)
+            window_start = time.monotonic()
             before = cpu(d.proc.pid)
             # An attach is done when its initialize is answered: no status polling needed.
             extra = [attach(d, f"extra{i}") for i in range(OPS)]
             settle(d.proc.pid)
             mid = cpu(d.proc.pid)
+            window_mid = time.monotonic()
             fds = open_fds(d.proc.pid)
             for s, c in extra:
                 close(s, c)
             wait_fds(d.proc.pid, fds - len(extra))
             settle(d.proc.pid)
             after = cpu(d.proc.pid)
+            windows.append((window_start, window_mid, time.monotonic()))
             # settle() leaves up to `quiet` s of idle CPU in each delta: negligible here.
             out.append(
                 {
@@ -150,10 +157,15 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
         for s, c in held:
             close(s, c)
         d.stop()
+    with open(timings) as f:
+        full = json.load(f)["full_collections"]
+    os.unlink(timings)
+    # The interpreter's full collections walk the whole heap (every session's objects): one that
+    # falls in a window adds its CPU to that window's operations.
+    for row, (start, mid, end) in zip(out, windows, strict=True):
+        row["full_gc_cpu_ms_attach"] = round(sum(c for t, c in full if start <= t < mid), 1)
+        row["full_gc_cpu_ms_detach"] = round(sum(c for t, c in full if mid <= t < end), 1)
     return out
-
-
-LOOPTIME = Path(__file__).resolve().parent / "_looptime.py"
 
 
 def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
@@ -200,7 +212,7 @@ def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
         close(s, c)
     d.stop()
     with open(passes_path) as f:
-        passes = [p for p in json.load(f) if burst_mono <= p[0] <= burst_mono_end]
+        passes = [p for p in json.load(f)["passes"] if burst_mono <= p[0] <= burst_mono_end]
     os.unlink(passes_path)
     pass_cpu = sorted(p[1] for p in passes)
     return {
@@ -478,8 +490,9 @@ def main() -> None:
         results["list_changed"] = list_changed(5100, 200, 3 if full else 1)
 
     if "attach_detach" in results:
-        print(table(["sessions", "attach CPU ms", "detach CPU ms"], [
-            [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"]]
+        print(table(["sessions", "attach CPU ms", "detach CPU ms", "full GC CPU ms (att./det.)"], [
+            [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"],
+             f"{r['full_gc_cpu_ms_attach']} / {r['full_gc_cpu_ms_detach']}"]
             for r in results["attach_detach"]
         ]))  # fmt: skip
     if "close_burst" in results:
