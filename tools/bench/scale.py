@@ -168,48 +168,78 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
-    fd, passes_path = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
-    os.close(fd)
-    d = Daemon(servers(), python_args=[str(LOOPTIME), passes_path])
-    sessions = [attach(d, f"s{i}") for i in range(total)]
-    wait_sessions(d, total)
-    callers, leaving = sessions[:kept], sessions[kept:]
+def callers_main(sock: str, config: str, kept: int) -> None:
+    """`--callers`: `kept` sessions calling in a loop, in a process of their own (so that the
+    benchmark closing hundreds of sockets does not hold their GIL: that showed up as their
+    latency). Prints "ready", calls until stdin closes, then prints [start (CLOCK_MONOTONIC),
+    latency s] per call as JSON."""
+    conns = []
+    for i in range(kept):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        conn = LineConn(s.makefile("rb"), s.makefile("wb"))
+        conn.send({"jsonrpc": "2.0", "id": 0, "method": "mcpool/attach",
+                   "params": {"sources": [config], "cwd": None, "name": f"caller{i}"}})  # fmt: skip
+        conn.recv()
+        conn.send(INIT)
+        conn.recv()
+        conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        conns.append((s, conn))
     stop = threading.Event()
-    samples: list[tuple[float, float]] = []  # (start, latency s)
+    samples: list[tuple[float, float]] = []
 
     def call(conn: LineConn) -> None:
         n = 1000
         while not stop.is_set():
             n += 1
-            start = time.perf_counter()
+            start = time.monotonic()
             conn.send_raw(call_line(n, "s0__echo", {"text": "x"}))
             conn.recv()
-            samples.append((start, time.perf_counter() - start))
+            samples.append((start, time.monotonic() - start))
             time.sleep(0.002)
 
-    threads = [threading.Thread(target=call, args=(c,)) for _, c in callers]
+    threads = [threading.Thread(target=call, args=(c,)) for _, c in conns]
     for t in threads:
         t.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    stop.set()
+    for t in threads:
+        t.join()
+    print(json.dumps(samples), flush=True)
+
+
+def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
+    fd, passes_path = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
+    os.close(fd)
+    d = Daemon(servers(), python_args=[str(LOOPTIME), passes_path])
+    leaving = [attach(d, f"s{i}") for i in range(total - kept)]
+    callers = subprocess.Popen(
+        [sys.executable, __file__, "--callers", d.sock, d.config, str(kept)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert callers.stdin is not None
+    assert callers.stdout is not None
+    assert callers.stdout.readline().strip() == "ready"
+    wait_sessions(d, total)
     time.sleep(0.5)
-    burst_start = time.perf_counter()
     fds = open_fds(d.proc.pid)
     burst_mono = time.monotonic()
     cpu_before = cpu(d.proc.pid)
     for s, c in leaving:
         close(s, c)
     wait_fds(d.proc.pid, fds - len(leaving))
-    burst_end = time.perf_counter()
     burst_cpu = cpu(d.proc.pid) - cpu_before
     burst_mono_end = time.monotonic()
     time.sleep(0.2)
-    stop.set()
-    for t in threads:
-        t.join()
+    callers.stdin.close()
+    samples = json.loads(callers.stdout.read())
+    callers.wait(timeout=30)
+    burst_start, burst_end = burst_mono, burst_mono_end
     during = [lat * 1000 for start, lat in samples if burst_start <= start <= burst_end]
     before = [lat * 1000 for start, lat in samples if start < burst_start]
-    for s, c in callers:
-        close(s, c)
     d.stop()
     with open(passes_path) as f:
         passes = [p for p in json.load(f)["passes"] if burst_mono <= p[0] <= burst_mono_end]
@@ -468,7 +498,11 @@ def main() -> None:
     ap.add_argument(
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
     )
+    ap.add_argument("--callers", nargs=3, metavar=("SOCK", "CONFIG", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.callers:
+        callers_main(args.callers[0], args.callers[1], int(args.callers[2]))
+        return
     only = set(args.only.split(","))
     if only - set(PARTS):
         ap.error(f"unknown parts: {sorted(only - set(PARTS))}")
