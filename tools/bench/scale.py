@@ -400,9 +400,9 @@ def _spawn_bare(python: str) -> tuple[float, float]:
 
 
 def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int | None:
-    """Instructions executed by `argv`'s own process (callgrind; not the shell it may exec
-    into), or None without valgrind. Repeatable where wall time on a shared machine is not.
-    `stdin`: written, then one line read back, then stdin closed."""
+    """Instructions executed by `argv`'s own process (callgrind), or None without valgrind.
+    Repeatable where wall time on a shared machine is not. `stdin`: written, then one line
+    read back, then stdin closed."""
     if shutil.which("valgrind") is None:
         return None
     with tempfile.TemporaryDirectory() as out:
@@ -411,7 +411,10 @@ def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> i
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={**env, "PYTHONHASHSEED": "0"},
+            # The Python waiter: callgrind writes its counts at exit, and an exec into the shell
+            # waiter is no exit. So the count includes that waiter's wait for the end (its
+            # `select` import and one line read): an upper bound of the bridge's own work.
+            env={**env, "PYTHONHASHSEED": "0", "MCPOOL_ATTACH_WAITER": "python"},
         )
         assert p.stdin is not None
         assert p.stdout is not None
