@@ -31,13 +31,8 @@ Endings (relay): stdin EOF half-closes the socket and the relay runs until the d
 the client is gone (exit 0, quietly); SIGINT/SIGTERM exit 130/143 without a traceback.
 """
 
-from __future__ import annotations
-
 import _socket
-import fcntl
 import os
-import select
-import signal
 import stat
 import sys
 import time
@@ -58,15 +53,22 @@ from mcpool.daemon._paths import (
 from mcpool.daemon._waiter import exec_waiter
 
 # `_socket`, not `socket`: the wrapper module pulls in selectors and enum tables, ~2 ms of every
-# client launch, for nothing this bridge uses.
+# client launch, for nothing this bridge uses. `_signal`, not `signal`, for the same reason: the
+# wrapper builds enum classes of every signal, about 8 ms with `enum` itself. `select` is needed
+# only by the relay and the Python waiter, never by a hand-off to the shell waiter: imported
+# there.
 # Not `from typing import TYPE_CHECKING`: importing typing costs ~2 ms of every client launch, and
-# mypy treats any constant of this name the same way.
+# mypy treats any constant of this name the same way. No `from __future__ import annotations`
+# in the bridge's modules either (it imports `__future__`): annotations naming these are quoted.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal  # typeshed has no stub for `_signal`: the same names, typed
     import subprocess
     from collections.abc import Callable
     from pathlib import Path
     from types import FrameType
+else:
+    import _signal
 
 # A cold daemon imports trio and msgspec and loads settings: well under a second normally, but a
 # first run compiles .pyc files and a loaded machine is slower; 15 s only bounds a broken install.
@@ -91,7 +93,6 @@ USAGE = (
     "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]"
     " [--max-name-length N]\n"
 )
-_BROKEN = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class AttachError(Exception):
@@ -148,7 +149,7 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def _raise_signalled(signum: int, frame: FrameType | None) -> None:
+def _raise_signalled(signum: int, frame: "FrameType | None") -> None:
     raise _Signalled(128 + signum)
 
 
@@ -156,8 +157,8 @@ def main(args: list[str]) -> int:
     parsed = _parse(args)
     if isinstance(parsed, int):
         return parsed
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _raise_signalled)
+    for signum in (_signal.SIGINT, _signal.SIGTERM):
+        _signal.signal(signum, _raise_signalled)
     try:
         return _run(parsed)
     except AttachError as exc:
@@ -275,7 +276,7 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
     return env
 
 
-def _connect(path: Path | str) -> _socket.socket | None:
+def _connect(path: "Path | str") -> _socket.socket | None:
     """A connection to our own daemon, or None when nobody listens. The folder, the socket file
     and then the listener's uid are checked before anything is sent (X3)."""
     try:
@@ -298,7 +299,7 @@ def _connect(path: Path | str) -> _socket.socket | None:
     return sock
 
 
-def spawn_daemon(path: Path | str) -> subprocess.Popen[bytes]:
+def spawn_daemon(path: "Path | str") -> "subprocess.Popen[bytes]":
     import subprocess  # only a cold start pays for it
 
     from mcpool.daemon._files import open_private
@@ -320,16 +321,16 @@ def spawn_daemon(path: Path | str) -> subprocess.Popen[bytes]:
         )
 
 
-def _stderr_path(path: Path | str) -> str:
+def _stderr_path(path: "Path | str") -> str:
     """The daemon's stderr file, next to its log."""
     return os.path.join(os.path.dirname(daemon_log_path_str(path)), "daemon.stderr")
 
 
 def connect_or_start(
-    path: Path | str,
-    spawn: Callable[[Path | str], subprocess.Popen[bytes]] = spawn_daemon,
+    path: "Path | str",
+    spawn: "Callable[[Path | str], subprocess.Popen[bytes]]" = spawn_daemon,
     timeout: float = DAEMON_START_TIMEOUT,
-) -> tuple[_socket.socket, subprocess.Popen[bytes] | None]:
+) -> "tuple[_socket.socket, subprocess.Popen[bytes] | None]":
     """Connect to the daemon, starting one if nobody answers. Returns the process we started."""
     sock = _connect(path)
     if sock is not None:
@@ -421,9 +422,11 @@ def _describe_error(error: dict[str, object]) -> str:
 def wait_handed_off(
     sock: _socket.socket,
     leftover: bytes = b"",
-    child: subprocess.Popen[bytes] | None = None,
+    child: "subprocess.Popen[bytes] | None" = None,
 ) -> int:
     """The daemon serves stdin and stdout: wait for its `mcpool/ended`, or for it to go away."""
+    import select
+
     sock.settimeout(None)
     buf = bytearray(leftover)
     poller = select.poll()
@@ -472,19 +475,19 @@ def relay(
     leftover: bytes = b"",
     stdin_fd: int = 0,
     stdout_fd: int = 1,
-    child: subprocess.Popen[bytes] | None = None,
+    child: "subprocess.Popen[bytes] | None" = None,
 ) -> int:
     """Relay stdin -> socket and socket -> stdout until done; return the exit status."""
     sock.setblocking(False)
     sock_fd = sock.fileno()
-    out_flags = fcntl.fcntl(stdout_fd, fcntl.F_GETFL)
-    fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags | os.O_NONBLOCK)
+    was_blocking = os.get_blocking(stdout_fd)
+    os.set_blocking(stdout_fd, False)
     try:
         return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd, child)
     finally:
         # O_NONBLOCK lives on the open file description, which the client or a terminal shares.
         try:  # noqa: SIM105 (contextlib is import time of every client launch)
-            fcntl.fcntl(stdout_fd, fcntl.F_SETFL, out_flags)
+            os.set_blocking(stdout_fd, was_blocking)
         except OSError:
             pass
 
@@ -495,8 +498,11 @@ def _relay_loop(
     to_out: bytearray,
     stdin_fd: int,
     stdout_fd: int,
-    child: subprocess.Popen[bytes] | None,
+    child: "subprocess.Popen[bytes] | None",
 ) -> int:
+    import select
+
+    broken = select.POLLHUP | select.POLLERR | select.POLLNVAL
     to_sock = bytearray()
     stdin_eof = sock_eof = shut_wr = False
     poller = select.poll()
@@ -566,7 +572,7 @@ def _relay_loop(
                     to_sock += data
                 else:
                     stdin_eof = True
-            elif fd == sock_fd and not sock_eof and events & (select.POLLIN | _BROKEN):
+            elif fd == sock_fd and not sock_eof and events & (select.POLLIN | broken):
                 try:
                     data = sock.recv(READ_SIZE)
                 except BlockingIOError:

@@ -5,8 +5,6 @@ and tiny, and each subcommand is imported only when chosen (no argparse: the bri
 is user-visible latency, about 20-30 ms of budget, mostly the interpreter's own).
 """
 
-from __future__ import annotations
-
 import sys
 
 USAGE = """\

@@ -111,11 +111,15 @@ class _BridgeSockets:
     """The sockets of handed-off sessions' bridges, all watched by one task through one epoll
     set: a bridge that exits (or is killed) closes its socket, and that ends its session, so a
     client's server process and its session live and die together. A task per session would
-    cost ~3 KB each; this costs a dict entry."""
+    cost ~3 KB each; this costs a dict entry. When many bridges exit at once (an editor with
+    hundreds of sessions quits), at most `per_pass` of their sessions are closed before the
+    loop runs the other tasks again (epoll is level-triggered: the rest are reported on the next
+    turn), so the sessions still attached keep being served meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_pass: int) -> None:
         self._epoll = select.epoll()
         self._sessions: dict[int, Session] = {}
+        self._per_pass = per_pass
 
     def add(self, fd: int, session: Session) -> None:
         self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
@@ -129,7 +133,7 @@ class _BridgeSockets:
     async def run(self) -> None:
         while True:
             await trio.lowlevel.wait_readable(self._epoll.fileno())
-            for fd, _events in self._epoll.poll(0):
+            for fd, _events in self._epoll.poll(0, self._per_pass):
                 session = self._sessions.get(fd)
                 if session is None:
                     continue
@@ -145,6 +149,33 @@ class _BridgeSockets:
 
     def close(self) -> None:
         self._epoll.close()
+
+
+class DetachPacer:
+    """Turns to close a session whose client left, at most `per_pass` held at once, handed on
+    in arrival order. A client closing hundreds of sessions wakes their readers together (up
+    to IO_EVENTS_PER_PASS a pass); each then only parks here, and the closes run a few per
+    pass, so the sessions still attached are served between them (issue 17). A parking lot,
+    not a CapacityLimiter: that one raises and catches WouldBlock and keeps a borrower set for
+    every waiter, a third more of the loop time of those wake-ups."""
+
+    def __init__(self, per_pass: int) -> None:
+        self._free = per_pass
+        self._waiting = trio.lowlevel.ParkingLot()
+
+    async def turn(self) -> None:
+        """Wait for a turn, hold it across one checkpoint, hand it on."""
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+        else:
+            await self._waiting.park()  # unparked holding the turn its giver held
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            if self._waiting:
+                self._waiting.unpark()
+            else:
+                self._free += 1
 
 
 async def _linger_close(fd: int) -> None:
@@ -484,8 +515,7 @@ class ConnectionServer(Explainer):
     async def _paced_detach(self) -> None:
         """Wait for a turn to close: at most DETACH_BATCH closes run between two passes of the
         loop over the other tasks (the turn is held across one checkpoint)."""
-        async with self._detach_pacer:
-            await trio.lowlevel.checkpoint()
+        await self._detach_pacer.turn()
 
     def open_session(
         self,

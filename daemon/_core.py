@@ -45,7 +45,7 @@ from ._watch import SettingsWatcher
 from ._watched import WatchedFiles
 
 if TYPE_CHECKING:
-    from ._connections import _BridgeSockets
+    from ._connections import DetachPacer, _BridgeSockets
 
 
 # The daemon's exit status (README "Exit status"): systemd's `Restart=on-failure` restarts
@@ -106,7 +106,7 @@ class DaemonCore:
     logins: Logins
     kept: dict[str, Handle]
     watched: WatchedFiles
-    _detach_pacer: trio.CapacityLimiter
+    _detach_pacer: DetachPacer
 
     def log(self, level: str, message: str, **fields: Any) -> None:
         line = self.journal.record(level, message, **fields)

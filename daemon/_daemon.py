@@ -48,6 +48,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -67,6 +68,7 @@ from ._connections import (  # noqa: F401
     HANDOFF_DRAIN_BOUND,
     HANDOFF_FDS,
     ConnectionServer,
+    DetachPacer,
     _at_fd_limit,
     _BridgeSockets,
     _linger_close,
@@ -108,6 +110,36 @@ SHUTDOWN_CLOSE_BATCH = 100
 # Sessions whose clients left at once are closed this many per scheduler batch: a client closing
 # hundreds of sessions must not hold the loop from the sessions still calling (issue 17).
 DETACH_BATCH = 8
+
+
+# One loop pass wakes at most this many tasks waiting for I/O; the kernel keeps the others ready
+# for the next pass (trio arms each fd EPOLLONESHOT: none is lost). A client closing hundreds of
+# sessions at once made one pass wake every one's reader, about 12 us each, and the calls of the
+# sessions still attached waited behind all of them (issue 17). Busy traffic is not slowed: a
+# pass that wakes fewer costs one more epoll_wait, a microsecond.
+IO_EVENTS_PER_PASS = 64
+
+
+def bound_io_events_per_pass(limit: int = IO_EVENTS_PER_PASS) -> None:
+    """trio has no setting for this: its epoll manager (a private class) asks for as many
+    events as it has fds registered. Where that class is not what it was written against (no
+    `_epoll`, another platform), nothing changes."""
+    try:
+        from trio._core._io_epoll import EpollIOManager
+    except ImportError:
+        return
+    unbounded = EpollIOManager.get_events
+    if getattr(unbounded, "bounded_to", None) is not None:
+        return
+
+    def get_events(self: EpollIOManager, timeout: float) -> Any:
+        epoll = getattr(self, "_epoll", None)
+        if epoll is None:
+            return unbounded(self, timeout)
+        return epoll.poll(timeout, limit)
+
+    get_events.bounded_to = limit  # type: ignore[attr-defined]
+    EpollIOManager.get_events = get_events  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:
@@ -166,6 +198,7 @@ def main(argv: list[str]) -> int:
     daemon.listen.lock_fd = lock_fd
     daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
+    bound_io_events_per_pass()
     try:
         return trio.run(daemon.run)
     except KeyboardInterrupt:
@@ -197,7 +230,7 @@ class Daemon(ConnectionServer):
         self.watched = WatchedFiles([config_path])
         self.settings_generation = 0
         self.reload_gate = trio.Lock()
-        self._detach_pacer = trio.CapacityLimiter(DETACH_BATCH)
+        self._detach_pacer = DetachPacer(DETACH_BATCH)
         self.stop_requested = trio.Event()
         self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
         self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
@@ -212,7 +245,7 @@ class Daemon(ConnectionServer):
         self.pool: Pool | None = None
         self.guardian: Guardian | None = None
         self.watcher = SettingsWatcher(self.files_changed, self.stale_files, log=self.log)
-        self.bridges = _BridgeSockets()
+        self.bridges = _BridgeSockets(DETACH_BATCH)
         self._linger: set[int] = set()  # connections closed for an error: half-close and drain
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).

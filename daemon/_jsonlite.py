@@ -6,8 +6,6 @@ scanner and encoder are all the bridge uses of it. These two functions give what
 same values in, a ValueError for what `json` refuses), so the bridge's messages are unchanged.
 """
 
-from __future__ import annotations
-
 import _json
 
 _CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}

@@ -13,15 +13,14 @@ A folder that fails is an error naming it, its owner and its mode, never a reaso
 another path.
 """
 
-from __future__ import annotations
-
 import _socket
 import os
 import stat
 import sys
 
 # Not `pathlib` at import: it (with fnmatch, ntpath and urllib.parse) is start-up time of every
-# client launch. The bridge uses the `*_str` forms; the Path-returning ones import it when called.
+# client launch. The bridge uses the `*_str` forms; the Path-returning ones import it when called
+# (their annotations are quoted: no `from __future__ import annotations`, which imports a module).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +32,7 @@ RUN_USER_BASE = "/run/user"
 RUN_USER_BASE_ENV = "MCPOOL_TEST_RUN_USER_BASE"
 
 
-def _path(value: str) -> Path:
+def _path(value: str) -> "Path":
     from pathlib import Path
 
     return Path(value)
@@ -73,7 +72,7 @@ def _xdg(name: str) -> str | None:
     return _join(value) if os.path.isabs(value) else None
 
 
-def socket_path(cli: str | None = None) -> Path:
+def socket_path(cli: str | None = None) -> "Path":
     return _path(socket_path_str(cli))
 
 
@@ -87,7 +86,9 @@ def socket_path_str(cli: str | None = None) -> str:
     return default_socket_path_str()
 
 
-def default_socket_path(run_user_base: str | None = None, *, use_environment: bool = True) -> Path:
+def default_socket_path(
+    run_user_base: str | None = None, *, use_environment: bool = True
+) -> "Path":
     return _path(default_socket_path_str(run_user_base, use_environment=use_environment))
 
 
@@ -112,7 +113,7 @@ def default_socket_path_str(
     return _join(f"/tmp/mcpool-{uid}", "daemon.sock")
 
 
-def client_socket_path() -> Path:
+def client_socket_path() -> "Path":
     """The socket a bridge finds when its client passes it none of the variables above: Codex
     and the SDK's default environment keep little more than HOME and PATH."""
     configured = _configured_socket(_join(_home(), ".config", "mcpool", "config.json"))
@@ -121,7 +122,7 @@ def client_socket_path() -> Path:
     return default_socket_path(use_environment=False)
 
 
-def _configured_socket(path: Path | str | None = None) -> str | None:
+def _configured_socket(path: "Path | str | None" = None) -> str | None:
     """`"daemon": {"socket": PATH}` in the user config, read with the stdlib (bridge start-up)."""
     try:
         with open(path or config_path_str(None), "rb") as f:
@@ -135,7 +136,7 @@ def _configured_socket(path: Path | str | None = None) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def config_path(cli: str | None = None) -> Path:
+def config_path(cli: str | None = None) -> "Path":
     return _path(config_path_str(cli))
 
 
@@ -149,7 +150,7 @@ def config_path_str(cli: str | None = None) -> str:
     return _join(_home(), ".config", "mcpool", "config.json")
 
 
-def state_dir() -> Path:
+def state_dir() -> "Path":
     return _path(state_dir_str())
 
 
@@ -159,24 +160,24 @@ def state_dir_str() -> str:
     return _join(_home(), ".local", "state", "mcpool")
 
 
-def snapshots_dir() -> Path:
+def snapshots_dir() -> "Path":
     """Where discovery snapshots are kept across daemon restarts (a cache: losing it is safe)."""
     if cache_home := _xdg("XDG_CACHE_HOME"):
         return _path(_join(cache_home, "mcpool", "snapshots"))
     return _path(_join(_home(), ".cache", "mcpool", "snapshots"))
 
 
-def lock_path(sock: Path) -> Path:
+def lock_path(sock: "Path") -> "Path":
     return sock.with_name(sock.name + ".lock")
 
 
-def daemon_log_path(sock: Path | str) -> Path:
+def daemon_log_path(sock: "Path | str") -> "Path":
     """The daemon's own log. One per user for now; `sock` is taken so that a per-socket log can
     come later without changing callers."""
     return _path(daemon_log_path_str(sock))
 
 
-def daemon_log_path_str(sock: Path | str) -> str:
+def daemon_log_path_str(sock: "Path | str") -> str:
     return _join(state_dir_str(), "daemon.log")
 
 
@@ -190,7 +191,7 @@ class UnsafeSocketPath(Exception):
     and mode, and what to do."""
 
 
-def check_socket_dir(folder: Path | str) -> bool:
+def check_socket_dir(folder: "Path | str") -> bool:
     """Whether `folder` exists (False: it does not); raises UnsafeSocketPath unless it is a real
     folder owned by us with mode 0700. One `lstat`: it never follows a symlink, and it is all
     the bridge's start pays. Only the last component is checked: the parent is either ours
@@ -209,7 +210,7 @@ def check_socket_dir(folder: Path | str) -> bool:
     return True
 
 
-def prepare_socket_dir(sock: Path) -> None:
+def prepare_socket_dir(sock: "Path") -> None:
     """The daemon's side: create the socket's folder 0700 when it is missing, then check it.
 
     `mkdir` makes the last component only and never follows a symlink there (an existing link
@@ -240,7 +241,7 @@ def prepare_socket_dir(sock: Path) -> None:
     check_socket_dir(folder)
 
 
-def check_socket_path(sock: Path | str) -> None:
+def check_socket_path(sock: "Path | str") -> None:
     """A client's side, before it connects: the folder is ours (or missing, and the daemon will
     create it) and so is the socket file when there is one."""
     if not check_socket_dir(_parent(sock)):
@@ -259,7 +260,7 @@ def check_socket_path(sock: Path | str) -> None:
         )
 
 
-def _parent(path: Path | str) -> str:
+def _parent(path: "Path | str") -> str:
     """`str(Path(path).parent)`."""
     whole = _join(os.fspath(path))
     root = _root(whole)
@@ -269,7 +270,7 @@ def _parent(path: Path | str) -> str:
     return root or "."
 
 
-def check_daemon_peer(sock: _socket.socket, path: Path | str) -> None:
+def check_daemon_peer(sock: _socket.socket, path: "Path | str") -> None:
     """Right after connect, before anything is sent: the listening process runs as our uid."""
     creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
     pid = int.from_bytes(creds[0:4], sys.byteorder, signed=True)
@@ -282,7 +283,7 @@ def check_daemon_peer(sock: _socket.socket, path: Path | str) -> None:
         )
 
 
-def _problem(folder: Path | str, st: os.stat_result, uid: int) -> str | None:
+def _problem(folder: "Path | str", st: os.stat_result, uid: int) -> str | None:
     """What makes `folder` (its `lstat`) unfit to hold our socket, or None."""
     if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not stat.S_IMODE(st.st_mode) & 0o077:
         return None  # the common case, without a user-database lookup

@@ -11,9 +11,11 @@ SIGINT/SIGTERM exit 130/143; killing it closes the socket, and the daemon ends t
 (A signal in the shell's first instant, before its traps are set, is the default death by that
 signal: the session ends all the same.)
 
-Before the exec, the process's own copies of the client's stdin and stdout are replaced by
+The script's first line replaces the process's own copies of the client's stdin and stdout by
 /dev/null: the daemon holds the real ones, so the client sees end of file on stdout as soon as
-the daemon closes its copy. stderr stays (the reason goes there).
+the daemon closes its copy. stderr stays (the reason goes there). Done by the shell, not before
+the exec, so an exec that fails leaves the bridge's stdio as it was without saving copies
+(`fcntl` is import time of every client launch).
 
 The script decodes only what the daemon sends (`notification("mcpool/ended", {"reason": ...,
 "clientClosed": ...})`, compact JSON in that key order): the reason string's escapes `\\"`,
@@ -23,9 +25,6 @@ control characters) is shown as written.
 Stdlib only, like the rest of the bridge.
 """
 
-from __future__ import annotations
-
-import fcntl
 import os
 
 # The shell a waiter runs in; without it (or MCPOOL_ATTACH_WAITER=python) the Python one waits.
@@ -36,7 +35,8 @@ CONTROL_FD = 3
 # What `ps` shows for a waiting session.
 WAITER_NAME = "mcpool-attach-waiter"
 
-WAITER_SCRIPT = r"""trap 'exit 130' INT
+WAITER_SCRIPT = r"""exec </dev/null >/dev/null
+trap 'exit 130' INT
 trap 'exit 143' TERM
 while IFS= read -r line <&3; do
   case $line in
@@ -90,16 +90,7 @@ def exec_waiter(sock_fd: int) -> None:
     or the exec failed), leaving stdin, stdout and `sock_fd` as they were."""
     if not waiter_available():
         return
-    # Above the script's fd, close-on-exec: gone once the exec succeeds.
-    saved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, CONTROL_FD + 1) for fd in (0, 1)]
     try:
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            os.dup2(null, 0)
-            os.dup2(null, 1)
-        finally:
-            if null > 2:
-                os.close(null)
         # The socket had a timeout (O_NONBLOCK): the shell's read would see EAGAIN as an end.
         os.set_blocking(sock_fd, True)
         if sock_fd != CONTROL_FD:
@@ -108,9 +99,4 @@ def exec_waiter(sock_fd: int) -> None:
             os.set_inheritable(CONTROL_FD, True)
         os.execv(WAITER_SHELL, [WAITER_NAME, "-c", WAITER_SCRIPT, WAITER_NAME])
     except OSError:
-        pass
-    # Still here: put the client's stdio back for the Python waiter.
-    os.dup2(saved[0], 0)
-    os.dup2(saved[1], 1)
-    for fd in saved:
-        os.close(fd)
+        pass  # still here: the Python waiter waits instead, on the same stdio

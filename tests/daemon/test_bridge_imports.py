@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,7 +62,12 @@ def test_what_json_cannot_encode_is_a_type_error() -> None:
 # What the bridge must not import at start-up (issue 17): each is milliseconds of every client
 # launch. The subprocess forgets them first (the venv's editable-install hook loads some at
 # interpreter start), then imports the bridge and sees which came back.
-HEAVY = ("json", "pathlib", "contextlib", "re", "fnmatch", "urllib", "typing")
+HEAVY = (
+    *("json", "pathlib", "contextlib", "re", "fnmatch", "urllib", "typing"),
+    # `signal` builds enum classes (with `enum`, about 8 ms); the others are not needed by a
+    # hand-off to the shell waiter.
+    *("enum", "signal", "select", "fcntl", "__future__"),
+)
 
 
 def test_the_bridge_imports_no_heavy_stdlib_module() -> None:
@@ -74,6 +80,26 @@ def test_the_bridge_imports_no_heavy_stdlib_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_mcpool_command_imports_no_heavy_stdlib_module() -> None:
+    # bin/mcpool is what clients launch (an installer's console script would import `re`).
+    script = Path(__file__).resolve().parents[2] / "bin" / "mcpool"
+    code = (
+        "import sys\n"
+        f"heavy = {HEAVY!r}\n"
+        "for m in [m for m in sys.modules if m.split('.')[0] in heavy]: del sys.modules[m]\n"
+        f"sys.argv = [{str(script)!r}, 'attach', '--help']\n"
+        f"source = open({str(script)!r}).read()\n"
+        "try:\n"
+        "    exec(compile(source, sys.argv[0], 'exec'), {'__name__': '__main__'})\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("usage: mcpool attach")
+    assert out.stdout.splitlines()[-1] == ""
 
 
 def test_the_string_paths_are_the_path_forms(

@@ -11,11 +11,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import trio
 
-from .harness import DaemonFactory, RawSocketClient, fake_server, write_settings
+from .harness import DaemonFactory, RawSocketClient, attach_args, fake_server, write_settings
 from .support import STEP_TIMEOUT, raw_attach
 
 SESSIONS = 120
@@ -108,3 +110,72 @@ async def test_a_stop_with_many_sessions_closes_each_and_exits_cleanly(
             assert await daemon.process.wait() == 0, daemon.output()
     log = [json.loads(line) for line in daemon.log_path.read_text().splitlines() if line]
     assert not [r for r in log if "timed out" in r.get("msg", r.get("message", ""))], log[-5:]
+
+
+async def _reap(proc: trio.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with trio.fail_after(STEP_TIMEOUT):
+        await proc.wait()
+
+
+# More bridges than the daemon closes per loop pass (daemon/_daemon.py DETACH_BATCH).
+BRIDGES = 20
+
+
+async def test_bridges_exiting_at_once_end_their_sessions_only(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """Handed-off sessions whose bridges all exit at once (an editor quitting) end, every one,
+    while the client pipes stay open: the bridge's end is the session's end. The sessions on
+    the socket keep being served."""
+    daemon = await daemon_factory({"fake": fake_server()})
+    settings = [str(daemon.config_path)]
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "bridge", "version": "0"},
+        },
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        kept = [await stack.enter_async_context(daemon.raw()) for _ in range(KEPT)]
+        for n, client in enumerate(kept):
+            await raw_attach(client, settings, f"kept{n}")
+        bridges: list[trio.Process] = []
+        env = {**os.environ, **daemon.attach_env()}
+        with trio.fail_after(BULK_TIMEOUT):
+            for n in range(BRIDGES):
+                proc = await trio.lowlevel.open_process(
+                    [sys.executable, *attach_args(daemon.sock, settings, f"bridge{n}")],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    cwd=daemon.root,
+                )
+                stack.push_async_callback(_reap, proc)
+                assert proc.stdin is not None
+                assert proc.stdout is not None
+                await proc.stdin.send_all(json.dumps(init).encode() + b"\n")
+                answer = await proc.stdout.receive_some()
+                assert b'"result"' in answer, answer
+                bridges.append(proc)
+            assert len(await daemon.ctl("sessions")) == KEPT + BRIDGES
+            for proc in bridges:
+                proc.send_signal(signal.SIGKILL)
+            while len(sessions := await daemon.ctl("sessions")) != KEPT:
+                await trio.sleep(0.05)
+            assert {s["name"] for s in sessions} == {f"kept{n}" for n in range(KEPT)}
+            # Each ended session's stdout is closed by the daemon: its client reads the end.
+            for proc in bridges:
+                assert proc.stdout is not None
+                while await proc.stdout.receive_some():
+                    pass
+        for client in kept:
+            reply = await client.request(
+                "tools/call", {"name": "fake__echo", "arguments": {"text": "hi"}}
+            )
+            assert "result" in reply, reply

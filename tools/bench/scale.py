@@ -24,27 +24,35 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import INIT, Daemon, LineConn, call_line, fake, median, pct, table, write_result
+from _common import INIT, ROOT, Daemon, LineConn, call_line, fake, median, pct, table, write_result
 
-TICK = os.sysconf("SC_CLK_TCK")
 SERVERS = 5  # per session, as in the issue
 OPS = 200  # attaches (then detaches) measured at each size
+LOOPTIME = Path(__file__).resolve().parent / "_looptime.py"  # the daemon's loop passes timed
 
 
 def cpu(pid: int) -> float:
-    """User + system CPU seconds of the process itself (its threads, not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """CPU seconds of the process itself (its threads, not its children), to the nanosecond
+    (schedstat's run time; /proc/PID/stat counts 10 ms clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that just ended
+    return total / 1e9
 
 
 def thread_cpu_ns(pid: int, *, main_only: bool = False) -> int:
@@ -107,6 +115,21 @@ def wait_sessions(d: Daemon, count: int, timeout: float = 120.0, every: float = 
         time.sleep(every)
 
 
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_fds(pid: int, at_most: int, timeout: float = 120.0) -> None:
+    """Until the daemon holds at most `at_most` fds: a socket session's fd is closed last, when
+    its detach is done. Read from /proc, so the waiting costs the daemon's loop nothing (the
+    `status` command walks the heap: ~15 ms of loop time at 1,000 sessions)."""
+    deadline = time.monotonic() + timeout
+    while (now := open_fds(pid)) > at_most:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"daemon at {now} fds, never at {at_most}")
+        time.sleep(0.005)
+
+
 def settle(pid: int, quiet: float = 0.2, timeout: float = 30.0) -> None:
     """Until the daemon's CPU stops moving for `quiet` s (its work for the last step is done)."""
     deadline = time.monotonic() + timeout
@@ -122,30 +145,12 @@ def settle(pid: int, quiet: float = 0.2, timeout: float = 30.0) -> None:
 # -- the measurements ------------------------------------------------------------------------
 
 
-def status_cpu(d: Daemon, calls: int = 20) -> float:
-    """Daemon CPU seconds of one `status` (it walks every session: kept out of the figures)."""
-    before = cpu(d.proc.pid)
-    for _ in range(calls):
-        d.admin("status")
-    return (cpu(d.proc.pid) - before) / calls
-
-
-def wait_counted(d: Daemon, count: int) -> int:
-    """wait_sessions, polling slowly; returns how many `status` calls it made."""
-    polls = 0
-    deadline = time.monotonic() + 120.0
-    while True:
-        polls += 1
-        if d.admin("status")["sessions"] == count:
-            return polls
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"daemon never at {count} sessions")
-        time.sleep(0.5)
-
-
 def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
     out = []
-    d = Daemon(servers())
+    fd, timings = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
+    os.close(fd)
+    windows: list[tuple[float, float, float]] = []  # attaches' start, detaches' start, end
+    d = Daemon(servers(), python_args=[str(LOOPTIME), timings])
     held: list[tuple[socket.socket, LineConn]] = []
     try:
         for size in sizes:
@@ -153,18 +158,20 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
                 held.append(attach(d, f"idle{len(held)}"))
             wait_sessions(d, size)
             settle(d.proc.pid)
-            one_status = status_cpu(d)
-            settle(d.proc.pid)
+            window_start = time.monotonic()
             before = cpu(d.proc.pid)
             # An attach is done when its initialize is answered: no status polling needed.
             extra = [attach(d, f"extra{i}") for i in range(OPS)]
             settle(d.proc.pid)
             mid = cpu(d.proc.pid)
+            window_mid = time.monotonic()
+            fds = open_fds(d.proc.pid)
             for s, c in extra:
                 close(s, c)
-            polls = wait_counted(d, size)
+            wait_fds(d.proc.pid, fds - len(extra))
             settle(d.proc.pid)
-            after = cpu(d.proc.pid) - polls * one_status
+            after = cpu(d.proc.pid)
+            windows.append((window_start, window_mid, time.monotonic()))
             # settle() leaves up to `quiet` s of idle CPU in each delta: negligible here.
             out.append(
                 {
@@ -177,49 +184,106 @@ def attach_detach(sizes: list[int]) -> list[dict[str, Any]]:
         for s, c in held:
             close(s, c)
         d.stop()
+    with open(timings) as f:
+        full = json.load(f)["full_collections"]
+    os.unlink(timings)
+    # The interpreter's full collections walk the whole heap (every session's objects): one that
+    # falls in a window adds its CPU to that window's operations.
+    for row, (start, mid, end) in zip(out, windows, strict=True):
+        row["full_gc_cpu_ms_attach"] = round(sum(c for t, c in full if start <= t < mid), 1)
+        row["full_gc_cpu_ms_detach"] = round(sum(c for t, c in full if mid <= t < end), 1)
     return out
 
 
-def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
-    d = Daemon(servers())
-    sessions = [attach(d, f"s{i}") for i in range(total)]
-    wait_sessions(d, total)
-    callers, leaving = sessions[:kept], sessions[kept:]
+def callers_main(sock: str, config: str, kept: int) -> None:
+    """`--callers`: `kept` sessions calling in a loop, in a process of their own (so that the
+    benchmark closing hundreds of sockets does not hold their GIL: that showed up as their
+    latency). Prints "ready", calls until stdin closes, then prints [start (CLOCK_MONOTONIC),
+    latency s] per call as JSON."""
+    conns = []
+    for i in range(kept):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        conn = LineConn(s.makefile("rb"), s.makefile("wb"))
+        conn.send({"jsonrpc": "2.0", "id": 0, "method": "mcpool/attach",
+                   "params": {"sources": [config], "cwd": None, "name": f"caller{i}"}})  # fmt: skip
+        conn.recv()
+        conn.send(INIT)
+        conn.recv()
+        conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        conns.append((s, conn))
     stop = threading.Event()
-    samples: list[tuple[float, float]] = []  # (start, latency s)
+    samples: list[tuple[float, float]] = []
 
     def call(conn: LineConn) -> None:
         n = 1000
         while not stop.is_set():
             n += 1
-            start = time.perf_counter()
+            start = time.monotonic()
             conn.send_raw(call_line(n, "s0__echo", {"text": "x"}))
             conn.recv()
-            samples.append((start, time.perf_counter() - start))
+            samples.append((start, time.monotonic() - start))
             time.sleep(0.002)
 
-    threads = [threading.Thread(target=call, args=(c,)) for _, c in callers]
+    threads = [threading.Thread(target=call, args=(c,)) for _, c in conns]
     for t in threads:
         t.start()
-    time.sleep(0.5)
-    burst_start = time.perf_counter()
-    for s, c in leaving:
-        close(s, c)
-    wait_sessions(d, kept, every=0.25)
-    burst_end = time.perf_counter()
-    time.sleep(0.2)
+    print("ready", flush=True)
+    sys.stdin.read()
     stop.set()
     for t in threads:
         t.join()
+    print(json.dumps(samples), flush=True)
+
+
+def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
+    fd, passes_path = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
+    os.close(fd)
+    d = Daemon(servers(), python_args=[str(LOOPTIME), passes_path])
+    leaving = [attach(d, f"s{i}") for i in range(total - kept)]
+    callers = subprocess.Popen(
+        [sys.executable, __file__, "--callers", d.sock, d.config, str(kept)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert callers.stdin is not None
+    assert callers.stdout is not None
+    assert callers.stdout.readline().strip() == "ready"
+    wait_sessions(d, total)
+    time.sleep(0.5)
+    fds = open_fds(d.proc.pid)
+    burst_mono = time.monotonic()
+    cpu_before = cpu(d.proc.pid)
+    for s, c in leaving:
+        close(s, c)
+    wait_fds(d.proc.pid, fds - len(leaving))
+    burst_cpu = cpu(d.proc.pid) - cpu_before
+    burst_mono_end = time.monotonic()
+    time.sleep(0.2)
+    callers.stdin.close()
+    samples = json.loads(callers.stdout.read())
+    callers.wait(timeout=30)
+    burst_start, burst_end = burst_mono, burst_mono_end
     during = [lat * 1000 for start, lat in samples if burst_start <= start <= burst_end]
     before = [lat * 1000 for start, lat in samples if start < burst_start]
-    for s, c in callers:
-        close(s, c)
     d.stop()
+    with open(passes_path) as f:
+        passes = [p for p in json.load(f)["passes"] if burst_mono <= p[0] <= burst_mono_end]
+    os.unlink(passes_path)
+    pass_cpu = sorted(p[1] for p in passes)
     return {
         "sessions": total,
         "closed": total - kept,
         "burst_s": round(burst_end - burst_start, 3),
+        "burst_daemon_cpu_ms": round(burst_cpu * 1000, 1),
+        # Loop passes of the burst (over 0.5 ms of CPU): how long the loop was held at once.
+        "passes_over_half_ms": len(pass_cpu),
+        "longest_pass_cpu_ms": round(pass_cpu[-1], 2) if pass_cpu else 0.0,
+        # [CPU ms, task steps] of the five longest.
+        "longest_passes": [p[1::2] for p in sorted(passes, key=lambda p: p[1])[-5:]],
+        "median_pass_over_half_ms_cpu_ms": round(median(pass_cpu), 2) if pass_cpu else 0.0,
+        "longest_pass_wall_ms": round(max(p[2] for p in passes), 2) if passes else 0.0,
         "calls_during": len(during),
         "p99_during_ms": round(pct(during, 99), 2) if during else None,
         "max_during_ms": round(max(during), 2) if during else None,
@@ -313,47 +377,146 @@ def list_changed(tools: int, sessions: int, rounds: int) -> dict[str, Any]:
     }
 
 
-def bridge_start(runs: int) -> dict[str, Any]:
-    d = Daemon(servers(1))
-    try:
-        close(*attach(d, "warm"))  # the entry is up: a warm attach
-        times: list[float] = []
-        bare: list[float] = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            p = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mcpool",
-                    "attach",
-                    "--socket",
-                    d.sock,
-                    "--settings",
-                    d.config,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=d.env,
-            )
-            assert p.stdin is not None
-            assert p.stdout is not None
-            p.stdin.write(json.dumps(INIT).encode() + b"\n")
+# The layer folders and where a wheel puts them (pyproject.toml's package-dir).
+LAYERS = {
+    "mcpool": "mcpool",
+    "protocol": "mcpool/protocol",
+    "pool": "mcpool/pool",
+    "session": "mcpool/session",
+    "daemon": "mcpool/daemon",
+}
+
+
+def installed_copy(dest: str) -> tuple[str, str]:
+    """This tree installed as a wheel installs it, in a fresh venv: the packages compiled (pip
+    writes .pyc files at install; the dev venv's editable hook and PYTHONDONTWRITEBYTECODE are
+    not what a user runs), and bin/mcpool with its `#!python` line pointing at the venv, as pip
+    writes it. The bridge is stdlib-only, so no dependency is needed. Returns (python, mcpool)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", dest], check=True)
+    python = os.path.join(dest, "bin", "python")
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = os.path.join(dest, "lib", version, "site-packages")
+    for folder, target in LAYERS.items():
+        shutil.copytree(
+            ROOT / folder,
+            os.path.join(site, target),
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    subprocess.run([python, "-m", "compileall", "-q", os.path.join(site, "mcpool")], check=True)
+    script = (ROOT / "bin" / "mcpool").read_text().split("\n", 1)[1]
+    command = os.path.join(dest, "bin", "mcpool")
+    Path(command).write_text(f"#!{python}\n{script}")
+    os.chmod(command, 0o755)
+    return python, command
+
+
+def _spawn_attach(command: list[str], d: Daemon) -> tuple[float, float]:
+    """(ms until initialize is answered, CPU ms of the bridge process) for one launch."""
+    start = time.perf_counter()
+    p = subprocess.Popen(
+        [*command, "attach", "--socket", d.sock, "--settings", d.config],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=d.env,
+    )
+    assert p.stdin is not None
+    assert p.stdout is not None
+    p.stdin.write(json.dumps(INIT).encode() + b"\n")
+    p.stdin.flush()
+    answered = p.stdout.readline()
+    took = (time.perf_counter() - start) * 1000
+    assert b'"result"' in answered, answered
+    p.stdin.close()
+    _pid, _status, usage = os.wait4(p.pid, 0)
+    p.returncode = 0  # reaped above
+    p.stdout.close()
+    return took, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def _spawn_bare(python: str) -> tuple[float, float]:
+    start = time.perf_counter()
+    pid = os.posix_spawn(python, [python, "-c", "pass"], os.environ)
+    _pid, _status, usage = os.wait4(pid, 0)
+    return (time.perf_counter() - start) * 1000, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int | None:
+    """Instructions executed by `argv`'s own process (callgrind), or None without valgrind.
+    Repeatable where wall time on a shared machine is not. `stdin`: written, then one line
+    read back, then stdin closed."""
+    if shutil.which("valgrind") is None:
+        return None
+    with tempfile.TemporaryDirectory() as out:
+        p = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            # The Python waiter: callgrind writes its counts at exit, and an exec into the shell
+            # waiter is no exit. So the count includes that waiter's wait for the end (its
+            # `select` import and one line read): an upper bound of the bridge's own work.
+            env={**env, "PYTHONHASHSEED": "0", "MCPOOL_ATTACH_WAITER": "python"},
+        )
+        assert p.stdin is not None
+        assert p.stdout is not None
+        if stdin is not None:
+            p.stdin.write(stdin)
             p.stdin.flush()
             p.stdout.readline()
-            times.append((time.perf_counter() - start) * 1000)
-            p.stdin.close()
-            p.wait(timeout=10)
-            # Interleaved, so both see the same load: the same interpreter and site doing nothing.
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "pass"], check=True)
-            bare.append((time.perf_counter() - start) * 1000)
+        p.stdin.close()
+        p.stdout.read()
+        p.wait(timeout=120)
+        for name in os.listdir(out):
+            for line in Path(out, name).read_text().splitlines():
+                if line.startswith("totals:"):
+                    return int(line.split()[1])
+    return None
+
+
+def bridge_start(runs: int) -> dict[str, Any]:
+    """`mcpool attach` to a warm daemon until initialize is answered, against the same
+    interpreter doing nothing (`-c pass`), interleaved so both see the same load: as installed
+    from a wheel (the target), and in this dev venv (editable install) for reference."""
+    d = Daemon(servers(1))
+    work = tempfile.mkdtemp(prefix="mcpool-bridge-")
+    try:
+        close(*attach(d, "warm"))  # the entry is up: a warm attach
+        python, command = installed_copy(os.path.join(work, "venv"))
+        dev_script = os.path.join(os.path.dirname(sys.executable), "mcpool")
+        dev = [dev_script] if os.path.exists(dev_script) else [sys.executable, "-m", "mcpool"]
+        kinds = {
+            "installed": lambda: _spawn_attach([command], d),
+            "installed_bare": lambda: _spawn_bare(python),
+            "dev_venv": lambda: _spawn_attach(dev, d),
+            "dev_venv_bare": lambda: _spawn_bare(sys.executable),
+        }
+        for run in kinds.values():
+            run()  # warm the page cache and the entry
+        wall: dict[str, list[float]] = {k: [] for k in kinds}
+        cpu_ms: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(runs):
+            for kind, run in kinds.items():
+                took, used = run()
+                wall[kind].append(took)
+                cpu_ms[kind].append(used)
+        init = json.dumps(INIT).encode() + b"\n"
+        argv = [command, "attach", "--socket", d.sock, "--settings", d.config]
+        attach_ir = instructions(argv, d.env, init)
+        bare_ir = instructions([python, "-c", "pass"], d.env, None)
     finally:
         d.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return {
         "runs": runs,
-        "attach_median_ms": round(median(times), 1),
-        "bare_python_median_ms": round(median(bare), 1),
+        "attach_instructions": attach_ir,
+        "bare_python_instructions": bare_ir,
+        "attach_median_ms": round(median(wall["installed"]), 1),
+        "bare_python_median_ms": round(median(wall["installed_bare"]), 1),
+        "attach_cpu_median_ms": round(median(cpu_ms["installed"]), 1),
+        "bare_python_cpu_median_ms": round(median(cpu_ms["installed_bare"]), 1),
+        "dev_venv_attach_median_ms": round(median(wall["dev_venv"]), 1),
+        "dev_venv_bare_python_median_ms": round(median(wall["dev_venv_bare"]), 1),
     }
 
 
@@ -371,53 +534,58 @@ def idle_wakeups(seconds: float) -> dict[str, Any]:
     return {"seconds": seconds, "wakeups_per_s": round((after - before) / seconds, 2)}
 
 
+PARTS = ("idle", "bridge", "attach_detach", "close_burst", "sigterm", "list_changed")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the issue's sizes (3,000 sessions)")
     ap.add_argument(
-        "--only",
-        action="append",
-        choices=["idle", "bridge", "attach_detach", "close_burst", "sigterm", "list_changed"],
-        help="run only this case (repeatable)",
+        "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
     )
+    ap.add_argument("--callers", nargs=3, metavar=("SOCK", "CONFIG", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.callers:
+        callers_main(args.callers[0], args.callers[1], int(args.callers[2]))
+        return
+    only = set(args.only.split(","))
+    if only - set(PARTS):
+        ap.error(f"unknown parts: {sorted(only - set(PARTS))}")
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of sockets, both ends
     full = args.full
-    only = set(args.only or [])
-
-    def wanted(case: str) -> bool:
-        return not only or case in only
-
     results: dict[str, Any] = {"mode": "full" if full else "quick"}
-    if wanted("idle"):
+    if "idle" in only:
         results["idle"] = idle_wakeups(10.0 if full else 5.0)
-    if wanted("bridge"):
-        results["bridge"] = bridge_start(30 if full else 10)
-    if wanted("attach_detach"):
+    if "bridge" in only:
+        results["bridge"] = bridge_start(60 if full else 10)
+    if "attach_detach" in only:
         results["attach_detach"] = attach_detach([100, 1000, 3000] if full else [100, 300, 1000])
-    if wanted("close_burst"):
+    if "close_burst" in only:
         results["close_burst"] = close_burst(1000 if full else 300)
-    if wanted("sigterm"):
+    if "sigterm" in only:
         results["sigterm"] = sigterm(3000 if full else 1000)
-    if wanted("list_changed"):
+    if "list_changed" in only:
         results["list_changed"] = list_changed(5100, 200, 5 if full else 3)
 
     if "attach_detach" in results:
-        print(table(["sessions", "attach CPU ms", "detach CPU ms"], [
-            [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"]]
+        print(table(["sessions", "attach CPU ms", "detach CPU ms", "full GC CPU ms (att./det.)"], [
+            [r["sessions"], r["attach_cpu_ms"], r["detach_cpu_ms"],
+             f"{r['full_gc_cpu_ms_attach']} / {r['full_gc_cpu_ms_detach']}"]
             for r in results["attach_detach"]
         ]))  # fmt: skip
     if "close_burst" in results:
         b = results["close_burst"]
-        print(f"\nclose {b['closed']} of {b['sessions']}: burst {b['burst_s']} s, other sessions' "
-              f"call p99 {b['p99_during_ms']} ms (max {b['max_during_ms']}, "
-              f"before {b['p99_before_ms']}) over {b['calls_during']} calls")  # fmt: skip
+        print(f"\nclose {b['closed']} of {b['sessions']}: burst {b['burst_s']} s, other "
+              f"sessions' call p99 {b['p99_during_ms']} ms (max {b['max_during_ms']}, "
+              f"before {b['p99_before_ms']}) over {b['calls_during']} calls; daemon CPU "
+              f"{b['burst_daemon_cpu_ms']} ms, longest loop pass {b['longest_pass_cpu_ms']} ms "
+              f"CPU ({b['longest_pass_wall_ms']} ms wall), {b['passes_over_half_ms']} passes "
+              f"over 0.5 ms")  # fmt: skip
     if "sigterm" in results:
         t = results["sigterm"]
-        print(
-            f"SIGTERM with {t['sessions']} sessions: exit {t['exit_status']} after {t['exit_s']} s"
-        )
+        print(f"SIGTERM with {t['sessions']} sessions: exit {t['exit_status']} after "
+              f"{t['exit_s']} s")  # fmt: skip
     if "list_changed" in results:
         lc = results["list_changed"]
         print(f"list_changed, {lc['tools']} tools, {lc['sessions']} sessions: "
@@ -429,11 +597,18 @@ def main() -> None:
               f"{'met' if lc['reread_target_met'] else 'NOT met'})")  # fmt: skip
     if "bridge" in results:
         br = results["bridge"]
-        print(f"mcpool attach to a warm daemon: median {br['attach_median_ms']} ms "
-              f"(bare python {br['bare_python_median_ms']} ms)")  # fmt: skip
+        print(f"mcpool attach to a warm daemon, installed: median {br['attach_median_ms']} ms, "
+              f"{br['attach_cpu_median_ms']} ms CPU (bare python {br['bare_python_median_ms']} "
+              f"ms, {br['bare_python_cpu_median_ms']} ms CPU); this dev venv (editable "
+              f"install): {br['dev_venv_attach_median_ms']} ms (bare "
+              f"{br['dev_venv_bare_python_median_ms']} ms)")  # fmt: skip
+        if br["attach_instructions"] and br["bare_python_instructions"]:
+            print(f"  instructions (callgrind): attach {br['attach_instructions']:,}, bare "
+                  f"python {br['bare_python_instructions']:,}: "
+                  f"{br['attach_instructions'] / br['bare_python_instructions']:.2f}x")  # fmt: skip
     if "idle" in results:
         print(f"idle daemon: {results['idle']['wakeups_per_s']} wake-ups/s")
-    name = "scale" if not only else "scale-" + "-".join(sorted(only))
+    name = "scale" if only == set(PARTS) else "scale-" + "-".join(p for p in PARTS if p in only)
     print(f"\nwrote {write_result(name, results)}")
 
 
