@@ -282,9 +282,12 @@ class Daemon:
         daemon_opts: dict[str, Any] | None = None,
         python_args: list[str] | None = None,
         cache_home: str | None = None,
+        wrapper: list[str] | None = None,
+        start_timeout: float = START_TIMEOUT,
     ):
         """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`); `cache_home`
-        keeps discovery snapshots across daemons (default: this daemon's own folder)."""
+        keeps discovery snapshots across daemons (default: this daemon's own folder);
+        `wrapper` goes before the interpreter (e.g. `valgrind --tool=callgrind`)."""
         self.dir = tempfile.mkdtemp(prefix="mcpool-bench-")
         self.sock = os.path.join(self.dir, "d.sock")
         self.config = os.path.join(self.dir, "config.json")
@@ -298,6 +301,7 @@ class Daemon:
         self.env = env
         self.proc = subprocess.Popen(
             [
+                *(wrapper or []),
                 sys.executable,
                 *(python_args or []),
                 "-m",
@@ -312,7 +316,7 @@ class Daemon:
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.dir, "stderr"), "w"),  # noqa: SIM115
         )
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline:
             try:
                 s = socket.socket(socket.AF_UNIX)
