@@ -24,6 +24,7 @@ import trio
 from mcpool import __version__
 from mcpool.pool import (
     READ_CHUNK,
+    READ_GONE,
     FdWriter,
     WriterClosed,
     read_some,
@@ -489,21 +490,31 @@ class ConnectionServer(Explainer):
                     session.on_close = lambda _s: nursery.cancel_scope.cancel()
                     session.spawn = nursery.start_soon  # a notifier task only while one is due
                     nursery.start_soon(self.apply_to_session, state)
+                    handle_line, feed = session.handle_line, framer.feed
                     for line in pending:
-                        session.handle_line(line)
+                        handle_line(line)
                     while not session.closed:
-                        data = await read_some(in_fd)
+                        # `read_some`, inlined: one coroutine less per message.
+                        await trio.lowlevel.wait_readable(in_fd)
+                        try:
+                            data = os.read(in_fd, READ_CHUNK)
+                        except BlockingIOError:
+                            continue
+                        except OSError as exc:
+                            if exc.errno not in READ_GONE:
+                                raise
+                            data = b""
                         if not data:
                             client_closed = True
                             await self._paced_detach()
                             break
                         try:
-                            lines = framer.feed(data)
+                            lines = feed(data)
                         except MessageTooLarge as exc:
                             await self._fail_and_close(in_fd, writer, exc)
                             break
                         for line in lines:
-                            session.handle_line(line)
+                            handle_line(line)
                     session.close("the client disconnected")
             except* Exception as exc:
                 self._log_fault("serving a session", exc, session=session.id)

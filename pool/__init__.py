@@ -14,7 +14,7 @@ from ._entry import (
     transition,
 )
 from ._eras import Discovered, discovered, listen_filter, wrap_output_schemas, wrap_structured
-from ._fdio import READ_CHUNK, FdWriter, WriterClosed, read_some
+from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_some
 from ._guardian import Guardian
 from ._pool import (
     CRASH_LOOP_COOLDOWN,
@@ -44,6 +44,7 @@ from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
     "READ_CHUNK",
+    "READ_GONE",
     "SNAPSHOT_FORMAT",
     "TERMINAL_STATES",
     "Discovered",

@@ -152,8 +152,14 @@ class FdWriter:
                 self._drained.set()
 
 
+# Read errors that mean the peer (or the fd) is gone: end of file to the reader.
+READ_GONE = frozenset({errno.ECONNRESET, errno.EPIPE, errno.EBADF})
+
+
 async def read_some(fd: int) -> bytes:
-    """Wait until fd is readable and read once; b"" means end of file."""
+    """Wait until fd is readable and read once; b"" means end of file.
+
+    The two per-message read loops (a session's, an upstream's stdout) inline this."""
     while True:
         await trio.lowlevel.wait_readable(fd)
         try:
@@ -161,6 +167,6 @@ async def read_some(fd: int) -> bytes:
         except BlockingIOError:
             continue
         except OSError as exc:
-            if exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.EBADF):
+            if exc.errno in READ_GONE:
                 return b""
             raise

@@ -64,6 +64,7 @@ from mcpool.protocol import (
     error_response,
     notification,
     request,
+    request_line,
     response,
 )
 from mcpool.protocol import (
@@ -72,7 +73,7 @@ from mcpool.protocol import (
 
 from . import _eras
 from ._environ import upstream_environment
-from ._fdio import FdWriter, WriterClosed, read_some
+from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_some
 from ._spec import TransportIdentity, printable
 
 STDERR_LINES = 500  # what `daemonctl logs NAME` can show of one upstream
@@ -173,6 +174,7 @@ class Upstream:
         # (deadline, id, method, limit) instead of a task or a cancel scope per request.
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
         self._deadlines: list[tuple[float, int, str, float]] = []
+        self._clock: trio.abc.Clock | None = None
         self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
@@ -231,13 +233,18 @@ class Upstream:
         self._pending[uid] = on_reply
         if bounded:
             self._add_deadline(uid, method)
-        raw = Raw(params) if isinstance(params, bytes) else params
-        self._write(request(uid, method, raw))
+        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
+        self._write(request(uid, method) if params is UNSET else request_line(uid, method, params))
         return uid
 
     def _add_deadline(self, uid: int, method: str) -> None:
         limit = self.request_timeout
-        deadline = trio.current_time() + limit
+        clock = self._clock
+        if clock is None:
+            # The run's clock, asked once: trio.current_time() goes through three calls to get
+            # to it, on every request (a MockClock in tests is the run's clock as well).
+            clock = self._clock = trio.lowlevel.current_clock()
+        deadline = clock.current_time() + limit
         heap = self._deadlines
         if not heap or deadline < heap[0][0]:
             self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
@@ -801,8 +808,19 @@ class StdioUpstream(Upstream):
 
     async def _read_stdout(self, fd: int) -> None:
         framer = LineFramer(self._max_line)
+        feed, dispatch = framer.feed, self._dispatch
         while True:
-            data = await read_some(fd)
+            # `read_some`, inlined: one coroutine less per message every session of this
+            # server waits on.
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno not in READ_GONE:
+                    raise
+                data = b""
             if not data:
                 # Usually the process is exiting: its status makes the error much clearer.
                 with trio.move_on_after(EXIT_STATUS_WAIT):
@@ -813,12 +831,12 @@ class StdioUpstream(Upstream):
                 self._close_requested.set()
                 return
             try:
-                lines = framer.feed(data)
+                lines = feed(data)
             except _MessageTooLarge:
                 self.request_close(f"sent a message larger than {self._max_line} bytes")
                 return
             for line in lines:
-                self._dispatch(line)
+                dispatch(line)
 
     async def _read_stderr(self, fd: int) -> None:
         buf = b""

@@ -51,7 +51,9 @@ from ._jsonrpc import (
     error_response,
     notification,
     request,
+    request_line,
     response,
+    response_line,
     to_raw,
 )
 from ._versions import (
@@ -131,6 +133,8 @@ __all__ = [
     "negotiate",
     "notification",
     "request",
+    "request_line",
     "response",
+    "response_line",
     "to_raw",
 ]

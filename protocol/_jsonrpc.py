@@ -35,7 +35,9 @@ __all__ = [
     "error_response",
     "notification",
     "request",
+    "request_line",
     "response",
+    "response_line",
     "to_raw",
 ]
 
@@ -135,6 +137,8 @@ class _ResponseOut(Struct):
 
 
 _decoder = msgspec.json.Decoder(Message | list[Message])
+_decode = _decoder.decode
+_RESULT_IDS = frozenset({int, str})  # the id types a result response may carry (not null)
 _any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 _params_decoder = msgspec.json.Decoder(dict[str, Any])
 _encoder = msgspec.json.Encoder()
@@ -148,7 +152,7 @@ def decode(line: bytes) -> Message | list[Message]:
     Raises ParseError (not JSON) or InvalidRequest (JSON, but not a JSON-RPC 2.0 message).
     """
     try:
-        decoded = _decoder.decode(line)
+        decoded = _decode(line)
     except msgspec.ValidationError as exc:
         # msgspec validates while it parses, so a type error can be reported before a syntax
         # error further on; JSON-RPC wants the parse error then. Re-parsing only on this error
@@ -159,9 +163,23 @@ def decode(line: bytes) -> Message | list[Message]:
         raise _parse_error(exc, line) from None
     except RecursionError:
         raise ParseError("JSON nesting is deeper than the decoder allows") from None
-    if isinstance(decoded, Message):
+    if decoded.__class__ is Message:
+        # The two shapes nearly every line has, accepted in one expression (`_check` accepts
+        # them too, and says what is wrong with anything else): a request or notification, and
+        # a result response with a usable id.
+        if decoded.jsonrpc == _VERSION and decoded.result is UNSET and decoded.error is UNSET:
+            if decoded.method is not UNSET and decoded.id is not None:
+                return decoded
+        elif (
+            decoded.jsonrpc == _VERSION
+            and decoded.method is UNSET
+            and decoded.error is UNSET
+            and decoded.id.__class__ in _RESULT_IDS
+        ):
+            return decoded
         _check(decoded)
         return decoded
+    assert isinstance(decoded, list)
     if not decoded:
         raise InvalidRequest("empty batch")
     for message in decoded:
@@ -223,6 +241,31 @@ def encode(msg: Any) -> bytes:
 
 def request(id: JsonRpcId, method: str, params: Any = UNSET) -> bytes:
     return encode(_RequestOut(_VERSION, id, method, params))
+
+
+# The JSON strings of the methods mcpool sends upstream, encoded once. Bounded: a method it has
+# not seen before is encoded each time once this is full.
+_METHOD_JSON: dict[str, bytes] = {}
+_METHOD_JSON_MAX = 256
+
+
+def request_line(id: int, method: str, params: bytes | Raw) -> bytes:
+    """`request(id, method, Raw(params))`, newline included, for params that are already one
+    encoded JSON value (a forwarded request's): the bytes are put in place, not re-encoded."""
+    encoded = _METHOD_JSON.get(method)
+    if encoded is None:
+        encoded = _encoder.encode(method)
+        if len(_METHOD_JSON) < _METHOD_JSON_MAX:
+            _METHOD_JSON[method] = encoded
+    return b'{"jsonrpc":"2.0","id":%d,"method":%b,"params":%b}\n' % (id, encoded, params)
+
+
+def response_line(id: JsonRpcId, result: bytes | Raw) -> bytes:
+    """`response(id, Raw(result))`, newline included, for a result that is already one encoded
+    JSON value (a relayed answer's): the bytes are put in place, not re-encoded."""
+    if id.__class__ is int:
+        return b'{"jsonrpc":"2.0","id":%d,"result":%b}\n' % (id, result)
+    return b'{"jsonrpc":"2.0","id":%b,"result":%b}\n' % (_encoder.encode(id), result)
 
 
 def notification(method: str, params: Any = UNSET) -> bytes:

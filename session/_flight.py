@@ -19,10 +19,10 @@ from mcpool.protocol import (
     Message,
     RawErrorResponse,
     Request,
-    Response,
     UpstreamUnavailable,
     encode,
     error_response,
+    response_line,
 )
 
 from . import _params
@@ -161,7 +161,7 @@ class _InFlight:
                         line = error_response(self.client_id, obj.code, obj.message, obj.data)
                         s.deliver(self.batch, line)
                         return
-                line = _encoder.encode(Response("2.0", self.client_id, result)) + b"\n"
+                line = response_line(self.client_id, result)  # the result's bytes as they came
             if self.batch is None:
                 s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
             else:

@@ -144,3 +144,70 @@ def test_framing_is_independent_of_chunking(lines: list[bytes], data: st.DataObj
     expected = [line[:-1] if line.endswith(b"\r") else line for line in lines]
     assert out == [line for line in expected if line.strip()]
     assert framer.pending() == 0
+
+
+# -- one whole line per read: the relay's hot path (a read that ends at its only newline) -----
+
+
+@pytest.mark.parametrize(
+    ("chunk", "lines"),
+    [
+        (b'{"a":1}\n', [b'{"a":1}']),
+        (b'{"a":1}\r\n', [b'{"a":1}']),  # CRLF: the "\r" goes too
+        (b"a\r\r\n", [b"a\r"]),  # only the one "\r" before the "\n"
+        (b"\n", []),  # an empty line
+        (b"\r\n", []),  # an empty CRLF line
+        (b" \t \n", []),  # a blank line
+        (b"\r", []),  # no newline yet: buffered
+    ],
+)
+def test_a_single_whole_line(chunk: bytes, lines: list[bytes]) -> None:
+    framer = LineFramer(100)
+    assert framer.feed(chunk) == lines
+    assert framer.pending() == (0 if chunk.endswith(b"\n") else len(chunk))
+
+
+def test_a_whole_line_after_a_buffered_part_joins_it() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b'{"a"') == []
+    assert framer.feed(b":1}\r\n") == [b'{"a":1}']
+    assert framer.feed(b'{"b":2}\n') == [b'{"b":2}']  # nothing left over from the first line
+    assert framer.pending() == 0
+
+
+def test_a_cr_split_from_its_lf_is_stripped() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b"x\r") == []
+    assert framer.feed(b"\n") == [b"x"]
+
+
+def test_a_huge_single_line_over_the_limit_fails_and_poisons() -> None:
+    framer = LineFramer(1000)
+    with pytest.raises(MessageTooLarge) as info:
+        framer.feed(b"x" * 1001 + b"\n")
+    assert info.value.data["size"] == 1001
+    assert framer.pending() == 0
+    with pytest.raises(MessageTooLarge):
+        framer.feed(b'{"ok":1}\n')
+
+
+def test_a_single_crlf_line_counts_its_cr() -> None:
+    # A line's size is everything before its "\n", the "\r" of a CRLF included.
+    assert LineFramer(5).feed(b"1234\r\n") == [b"1234"]
+    with pytest.raises(MessageTooLarge) as info:
+        LineFramer(5).feed(b"12345\r\n")
+    assert info.value.data["size"] == 6
+
+
+def test_a_huge_line_within_the_limit_in_one_read() -> None:
+    payload = b'{"p":"' + b"y" * (1 << 20) + b'"}'
+    assert LineFramer(2 << 20).feed(payload + b"\n") == [payload]
+
+
+def test_lines_are_bytes() -> None:
+    # Callers keep lines (a batch's pending lines, an error's excerpt): never a view of a buffer
+    # the framer reuses.
+    framer = LineFramer(100)
+    for chunk in (b"one\n", b"tw", b"o\nthree\nfo", b"ur\n"):
+        for line in framer.feed(chunk):
+            assert type(line) is bytes

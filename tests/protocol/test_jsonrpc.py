@@ -29,7 +29,9 @@ from mcpool.protocol import (
     error_response,
     notification,
     request,
+    request_line,
     response,
+    response_line,
     to_raw,
 )
 
@@ -355,3 +357,66 @@ def test_decode_accepts_what_msgspec_considers_json_only() -> None:
         msgspec.json.decode(b"{")
     with pytest.raises(ParseError):
         decode(b"{")
+
+
+# -- lines put together from already encoded parts (the relay's hot path) ----------------------
+
+
+@pytest.mark.parametrize("method", ["tools/call", "x", 'we"ird\\méthod\n', ""])
+@pytest.mark.parametrize(
+    "params", [b"{}", b'{"name":"echo","arguments":{"text":"\\u00e9"}}', b"[1]"]
+)
+@pytest.mark.parametrize("uid", [0, 1, 2**53, -1])
+def test_request_line_is_what_request_encodes(uid: int, method: str, params: bytes) -> None:
+    assert request_line(uid, method, params) == request(uid, method, Raw(params))
+    assert request_line(uid, method, Raw(params)) == request(uid, method, Raw(params))
+
+
+def test_request_line_methods_beyond_the_cache_are_still_encoded() -> None:
+    for i in range(300):
+        method = f"m/{i}"
+        assert request_line(i, method, b"{}") == request(i, method, Raw(b"{}"))
+
+
+@pytest.mark.parametrize("msg_id", [0, 7, -3, 2**63, "a", "", 'q"u\\o\u2028te', "é"])
+@pytest.mark.parametrize("result", [b"{}", b'{"content":[{"type":"text","text":"x"}]}'])
+def test_response_line_is_what_response_encodes(msg_id: int | str, result: bytes) -> None:
+    assert response_line(msg_id, result) == response(msg_id, Raw(result))
+    assert response_line(msg_id, Raw(result)) == response(msg_id, Raw(result))
+    assert decode(response_line(msg_id, result).rstrip(b"\n")).id == msg_id
+
+
+def _envelopes() -> list[tuple[bytes, bool]]:
+    """Every combination of the envelope's members, and whether JSON-RPC 2.0 accepts it."""
+    cases = []
+    for version in ('"2.0"', '"1.0"'):
+        for msg_id in (None, "null", "1", '"s"'):
+            for method in (None, '"m"'):
+                for result in (None, "1"):
+                    for error in (None, '{"code":1,"message":"x"}'):
+                        members = {"jsonrpc": version, "id": msg_id, "method": method}
+                        members |= {"result": result, "error": error}
+                        line = ",".join(f'"{k}":{v}' for k, v in members.items() if v is not None)
+                        if version != '"2.0"':
+                            ok = False
+                        elif method is not None:  # a request or a notification
+                            ok = result is None and error is None and msg_id != "null"
+                        else:  # a response: one of result and error, an id (null: errors only)
+                            ok = (result is None) != (error is None) and msg_id is not None
+                            ok = ok and not (result is not None and msg_id == "null")
+                        cases.append((("{" + line + "}").encode(), ok))
+    return cases
+
+
+@pytest.mark.parametrize(("line", "valid"), _envelopes())
+def test_decode_accepts_exactly_the_valid_envelopes(line: bytes, valid: bool) -> None:
+    if valid:
+        msg = decode(line)
+        assert isinstance(msg, Message)
+        assert msg.is_request or msg.is_notification or msg.is_response
+        assert [m.id for m in decode(b"[" + line + b"]")] == [msg.id]  # in a batch alike
+    else:
+        with pytest.raises(InvalidRequest):
+            decode(line)
+        with pytest.raises(InvalidRequest):
+            decode(b"[" + line + b"]")
