@@ -168,7 +168,9 @@ class Upstream:
         self._roots = roots
         self._next_id = 1
         self._pending: dict[int, ReplyCallback] = {}
-        self._settled = trio.Event()  # set whenever `_pending` runs empty (`wait_settled`)
+        # A `wait_settled` waiter's event, set (and dropped) once `_pending` runs empty; None
+        # while nobody waits, so that a relayed answer costs no Event.set() call.
+        self._settled: trio.Event | None = None
         # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
         # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
         # (deadline, id, method, limit) instead of a task or a cancel scope per request.
@@ -178,6 +180,7 @@ class Upstream:
         self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
+        self._has_exited = False  # `_exited` is set (read by `alive` on every request)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self.pid: int | None = None
         self.started_at: float | None = None
@@ -362,13 +365,14 @@ class Upstream:
         """Return once no request is in flight (L7: a drained entry closes after its calls;
         each request is bounded by its time limit, so this wait is too)."""
         while self._pending and not self._exited.is_set():
-            if self._settled.is_set():
+            if self._settled is None:
                 self._settled = trio.Event()
             await self._settled.wait()
 
     def _check_settled(self) -> None:
-        if not self._pending:
+        if not self._pending and self._settled is not None:
             self._settled.set()
+            self._settled = None
 
     async def call(
         self,
@@ -632,8 +636,8 @@ class Upstream:
                         cb = self._pending.pop(msg.id, None)
                         if cb is not None:
                             cb(msg)
-                            if not self._pending:
-                                self._settled.set()
+                            if self._settled is not None:
+                                self._check_settled()
                 elif msg.id is UNSET:
                     self._events.on_notification(msg.method, msg.params)
                 elif msg.method == "ping":
@@ -657,7 +661,7 @@ class Upstream:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
-        self._settled.set()
+        self._check_settled()
         err = UpstreamClosed(
             self.name,
             f"server '{self.name}' {self.closed_reason or 'closed'} "
@@ -718,7 +722,8 @@ class StdioUpstream(Upstream):
 
     @property
     def alive(self) -> bool:
-        return self._writer is not None and not self._writer.closed and not self._exited.is_set()
+        writer = self._writer
+        return writer is not None and not writer.closed and not self._has_exited
 
     def _write(self, data: bytes) -> None:
         assert self._writer is not None
@@ -800,6 +805,7 @@ class StdioUpstream(Upstream):
 
     async def _watch_exit(self, proc: trio.Process) -> None:
         self.exit_status = await proc.wait()
+        self._has_exited = True
         self._exited.set()
         if self.closed_reason is None:
             self.closed_reason = f"exited with status {self.exit_status}"
@@ -880,6 +886,7 @@ class StdioUpstream(Upstream):
             with trio.move_on_after(SIGKILL_WAIT):
                 await proc.wait()
         self.exit_status = proc.returncode
+        self._has_exited = True
         self._exited.set()
 
 

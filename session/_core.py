@@ -162,9 +162,13 @@ class SessionCore:
     def _allows(self, route: Route | None) -> Route | None:
         """S8: `route` when the session's current policy and handles allow it, else None: a
         removed, disabled or filtered item is as unknown as one never listed."""
-        if route is None or not self.holds(route.view):
+        if route is None:
             return None
-        return route if route.view.key.allows(route.upstream_name) else None
+        view = route.view
+        handle = view.handle  # `holds`, inlined: this runs on every call
+        if handle is None or handle.released or self.views.get(view.name) is not view:
+            return None
+        return route if view.key.allows(route.upstream_name) else None
 
     def send(self, data: bytes) -> None:
         if self.closed:

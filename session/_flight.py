@@ -30,6 +30,7 @@ from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
 from ._input import Held, Subject
 
 _encoder = msgspec.json.Encoder()
+_EMPTY = Raw(b"{}")  # the result of an answer that had none
 
 if TYPE_CHECKING:
     from ._core import SessionCore
@@ -126,6 +127,11 @@ class _InFlight:
             if s.closed:
                 return
             plan = self.plan
+            result = msg.result
+            if plan is None and self.params is None and self.batch is None and msg.error is UNSET:
+                # The hot path: a result passed back as it came, outside any batch.
+                s.send(response_line(self.client_id, result if result is not UNSET else _EMPTY))
+                return
             if msg.error is not UNSET:
                 error = msg.error
                 wrong = _params.malformed_error(error)  # the error path only: off the hot path

@@ -55,6 +55,9 @@ class Route(NamedTuple):
     upstream_name: str
 
 
+_new_route = tuple.__new__
+
+
 class Aggregate:
     """The served lists, routes and canonical form of one sequence of projections.
 
@@ -156,7 +159,8 @@ class RegistryGeneration:
     # Lookups on the hot path.
     def tool_route(self, exposed: str) -> Route | None:
         hit = self.agg.tool_routes.get(exposed)
-        return Route(self.views[hit[0]], hit[1]) if hit is not None else None
+        # tuple.__new__ is what Route(...) runs, without its Python-level __new__ (every call).
+        return _new_route(Route, (self.views[hit[0]], hit[1])) if hit is not None else None
 
     def prompt_route(self, exposed: str) -> Route | None:
         hit = self.agg.prompt_routes.get(exposed)

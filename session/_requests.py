@@ -108,6 +108,10 @@ class SessionRequests(SessionGenerations):
                     self.handle_message(msg)
             finally:
                 self._batch = None
+        elif self.ready:
+            # `handle_message`, inlined for a ready session (every call): `decode` already
+            # refused anything but "2.0" in jsonrpc.
+            self._handle(decoded)
         else:
             self.handle_message(decoded)
 

@@ -1,6 +1,6 @@
 """The synchronous work mcpool does per relayed tools/call, step by step, in-process.
 
-Replays what `Daemon._serve_session` -> `Session._tools_call` -> `StdioUpstream.send_request`
+Replays what `Daemon._run_session` -> `Session._tools_call` -> `StdioUpstream.send_request`
 and `StdioUpstream._read_stdout` -> `_dispatch` -> `_InFlight.__call__` do to one request and
 its response, with the same functions and encoders, and times each step (best of 5 runs of
 20,000). No I/O and no event loop: the difference between this sum and the latency benchmark's
@@ -17,7 +17,7 @@ from typing import Any
 
 from _common import table, write_result
 
-from mcpool.protocol import LineFramer, Response, decode, decode_params, request
+from mcpool.protocol import LineFramer, decode, decode_params, request_line, response_line
 from mcpool.session._flight import _encoder
 
 REQUEST = (
@@ -36,8 +36,6 @@ def main() -> None:
         "f__echo": ("view", "echo")
     }
     encoded_params = _encoder.encode(params)
-    from msgspec import Raw
-
     resp: Any = decode(RESPONSE)
     pending: dict[int, Any] = {}
 
@@ -60,15 +58,12 @@ def main() -> None:
         ("request: re-encode params", lambda: _encoder.encode(params)),
         (
             "request: encode upstream request",
-            lambda: request(17, "tools/call", Raw(encoded_params)),
+            lambda: request_line(17, "tools/call", encoded_params),
         ),
         ("response: frame", lambda: framer.feed(RESPONSE + b"\n")),
         ("response: decode envelope", lambda: decode(RESPONSE)),
         ("response: pending-id map", pending_roundtrip),
-        (
-            "response: encode for the client",
-            lambda: _encoder.encode(Response("2.0", 1234, resp.result)) + b"\n",
-        ),
+        ("response: encode for the client", lambda: response_line(1234, resp.result)),
     ]
     rows, results, total = [], {}, 0.0
     for name, fn in steps:
