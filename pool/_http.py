@@ -281,6 +281,7 @@ class HttpUpstream(Upstream):
                         await client.aclose()
         finally:
             self._open = False
+            self._has_exited = True
             self._exited.set()
             self._fail_pending()
 
