@@ -109,3 +109,44 @@ async def test_a_failing_notification_or_server_request_closes_only_its_session(
         "sampling/createMessage"
     )
     assert not bystander.closed
+
+
+async def test_a_relayed_result_reaches_the_client_byte_for_byte(nursery: trio.Nursery) -> None:
+    # The answer's result is put under the client's id as it came, never re-encoded.
+    net = FakeNet(srv=FakeServer([tool("a")]))
+    sessions = await _attached(nursery, net, ["s"])
+    session, _out, _ = sessions["s"]
+    lines: list[bytes] = []
+    session.out = _Lines(lines)
+    result = b'{ "content":[{"type":"text","text":"\\u00e9\\/"}], "n":1.50e1 }'
+    for client_id, wire_id in ((7, b"7"), ('q"u\u00e9', b'"q\\"u\xc3\xa9"')):
+        session.handle_line(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": client_id,
+                    "method": "tools/call",
+                    "params": {"name": "srv__a"},
+                }
+            ).encode()
+        )
+        upstream = net.servers["srv"].current
+        uid = upstream.sent[-1][0]
+        upstream._pending.pop(uid)(Message(jsonrpc="2.0", id=uid, result=Raw(result)))
+        assert lines[-1] == b'{"jsonrpc":"2.0","id":%b,"result":%b}\n' % (wire_id, result)
+    assert not session.closed
+
+
+class _Lines:
+    """A session `out` that keeps the bytes written."""
+
+    buffered = 0
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self.lines = lines
+
+    def write(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    async def wait_drained(self) -> None:
+        pass

@@ -284,6 +284,7 @@ class Daemon:
         cache_home: str | None = None,
         wrapper: list[str] | None = None,
         start_timeout: float = START_TIMEOUT,
+        extra_env: dict[str, str] | None = None,
     ):
         """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`); `cache_home`
         keeps discovery snapshots across daemons (default: this daemon's own folder);
@@ -298,6 +299,7 @@ class Daemon:
         env["XDG_STATE_HOME"] = os.path.join(self.dir, "state")
         env["XDG_CACHE_HOME"] = cache_home or os.path.join(self.dir, "cache")
         env["MCPOOL_SOCKET"] = self.sock
+        env.update(extra_env or {})
         self.env = env
         self.proc = subprocess.Popen(
             [

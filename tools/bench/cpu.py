@@ -18,7 +18,11 @@ and on the daemon, zeroed after a warm-up and dumped after `--calls` calls): exa
 under any load, but user space only (the syscalls' kernel time, alike for both, is left out, so
 this ratio reads higher than the CPU-time one). For comparing two versions of mcpool's code.
 
-    .venv/bin/python tools/bench/cpu.py [--calls N] [--rounds R] [--callgrind]
+`--baseline REV` also measures the daemon of another revision (its tree exported with
+`git archive` to a temporary folder, imported ahead of this checkout), side by side in the same
+rounds: a before/after comparison that load on the machine affects alike.
+
+    .venv/bin/python tools/bench/cpu.py [--calls N] [--rounds R] [--callgrind] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -43,6 +47,25 @@ WARMUP = 2000
 TARGET_RATIO = 1.3  # issue 17: mcpool's CPU per call at most 1.3 x the trio-watch reference's
 REFERENCE = "reference relay (trio-watch)"
 MCPOOL = "mcpool daemon (socket client)"
+LAYERS = ("protocol", "pool", "session", "daemon")  # pyproject's package-dir: mcpool.<layer>
+
+
+def export_revision(rev: str) -> str:
+    """An importable `mcpool` package of revision `rev`, in a temporary folder: its path."""
+    root = tempfile.mkdtemp(prefix="mcpool-baseline-")
+    tree = os.path.join(root, "tree")
+    os.mkdir(tree)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    archive = subprocess.run(
+        ["git", "-C", repo, "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    pkg = os.path.join(root, "pkg")
+    os.mkdir(pkg)
+    os.symlink(os.path.join(tree, "mcpool"), os.path.join(pkg, "mcpool"))
+    for layer in LAYERS:
+        os.symlink(os.path.join(tree, layer), os.path.join(tree, "mcpool", layer))
+    return pkg
 
 
 def cpu_seconds(pid: int) -> float:
@@ -191,6 +214,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5_000, help="calls per relay per round")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument("--baseline", metavar="REV", help="also measure this revision's daemon")
     args = parser.parse_args()
     if args.callgrind:
         callgrind_main(args)
@@ -209,6 +233,18 @@ def main() -> None:
         cleanups.append(sock.close)
         conn.handshake_and_list()
         targets[MCPOOL] = (conn.call, "f__echo", daemon.proc.pid)
+        if args.baseline:
+            pkg = export_revision(args.baseline)
+            before = Daemon({"f": fake(**FAST)}, extra_env={"PYTHONPATH": pkg})
+            cleanups.append(before.stop)
+            bsock, bconn = before.connect()
+            cleanups.append(bsock.close)
+            bconn.handshake_and_list()
+            targets[f"mcpool daemon at {args.baseline}"] = (
+                bconn.call,
+                "f__echo",
+                before.proc.pid,
+            )
         for call, tool, _pid in targets.values():
             for i in range(WARMUP):
                 call(_msg(tool, i))
@@ -232,6 +268,12 @@ def main() -> None:
         m["cpu_us"] / r["cpu_us"] for m, r in zip(rounds[MCPOOL], rounds[REFERENCE], strict=True)
     ]
     ratio = statistics.median(ratios)
+    baseline_ratio = None
+    if args.baseline:
+        name = f"mcpool daemon at {args.baseline}"
+        baseline_ratio = statistics.median(
+            m["cpu_us"] / r["cpu_us"] for m, r in zip(rounds[name], rounds[REFERENCE], strict=True)
+        )
     rows = [
         [
             name,
@@ -255,11 +297,15 @@ def main() -> None:
         f"{max(ratios):.2f}; mcpool's own {own:.1f} us/call); {verdict} the "
         f"{TARGET_RATIO} x target"
     )
+    if baseline_ratio is not None:
+        print(f"{args.baseline} / trio-watch reference, the same rounds: {baseline_ratio:.2f} x")
     print(
         "wrote",
         write_result(
             "cpu",
             {
+                "baseline": args.baseline,
+                "baseline_ratio": baseline_ratio,
                 "calls_per_round": args.calls,
                 "rounds": args.rounds,
                 "results": results,
