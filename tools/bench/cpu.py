@@ -170,36 +170,44 @@ def callgrind_main(args: argparse.Namespace) -> None:
         s.close()
     finally:
         kill_tree(relay)
-    daemon = Daemon(
-        {"f": fake(**FAST)},
-        wrapper=_callgrind(out_dir, "daemon"),
-        start_timeout=CALLGRIND_START,
-    )
-    try:
-        sock, conn = daemon.connect()
-        conn.handshake_and_list()
-        for i in range(CALLGRIND_WARMUP):
-            conn.call(_msg("f__echo", i))
-        n = _instructions(
-            daemon.proc.pid,
-            out_dir,
-            "daemon",
-            lambda: [conn.call(_msg("f__echo", i)) for i in range(args.calls)] and None,
+    daemons = [(MCPOOL, "daemon", {})]
+    if args.baseline:
+        pkg = export_revision(args.baseline)
+        daemons.append((f"mcpool daemon at {args.baseline}", "baseline", {"PYTHONPATH": pkg}))
+    for name, dump, env in daemons:
+        daemon = Daemon(
+            {"f": fake(**FAST)},
+            wrapper=_callgrind(out_dir, dump),
+            start_timeout=CALLGRIND_START,
+            extra_env=env,
         )
-        results[MCPOOL] = n / args.calls
-        sock.close()
-    finally:
-        daemon.stop()
+        try:
+            sock, conn = daemon.connect()
+            conn.handshake_and_list()
+            for i in range(CALLGRIND_WARMUP):
+                conn.call(_msg("f__echo", i))
+            n = _instructions(
+                daemon.proc.pid,
+                out_dir,
+                dump,
+                lambda c=conn: [c.call(_msg("f__echo", i)) for i in range(args.calls)] and None,
+            )
+            results[name] = n / args.calls
+            sock.close()
+        finally:
+            daemon.stop()
     ratio = results[MCPOOL] / results[REFERENCE]
     rows = [[name, f"{v:,.0f}"] for name, v in results.items()]
     print(
         f"callgrind, {args.calls:,} calls after a warm-up of {CALLGRIND_WARMUP} (dumps: {out_dir})"
     )
     print(table(["relay process", "instructions/call (user space)"], rows))
-    print(
-        f"mcpool / trio-watch reference: {ratio:.2f} x in instructions; mcpool's own "
-        f"{results[MCPOOL] - results[REFERENCE]:,.0f} instructions/call"
-    )
+    for name in results:
+        if name != REFERENCE:
+            print(
+                f"{name} / trio-watch reference: {results[name] / results[REFERENCE]:.2f} x in "
+                f"instructions; its own {results[name] - results[REFERENCE]:,.0f}/call"
+            )
     print(
         "wrote",
         write_result(
