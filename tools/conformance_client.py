@@ -13,8 +13,9 @@ session through `mcpool attach`, driven by the `mcp` SDK's `Client`. With `--dir
 `Client`, with the same callbacks and the same per-scenario actions, connected to the URL itself.
 So the suite's checks of the two runs compare mcpool as an upstream client with the SDK's own
 client (tools/conformance_clients.sh prints them side by side). The direct client uses
-`mode="auto"` (probe `server/discover`, fall back to `initialize`, as mcpool does upstream); the
-session through mcpool speaks the era of the revision under test (`MCP_CONFORMANCE_PROTOCOL_VERSION`).
+`mode="auto"` (probe `server/discover`, fall back to `initialize`, as mcpool does upstream);
+the session through mcpool speaks the era of the revision under test
+(`MCP_CONFORMANCE_PROTOCOL_VERSION`).
 
 The actions, per scenario (the suite's checks say whether the wire was right):
 - `json-schema-ref-no-deref`: list the tools only (the scenario serves nothing else);
