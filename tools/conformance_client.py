@@ -55,11 +55,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 DAEMON_START_TIMEOUT = 15.0  # a cold daemon imports trio and msgspec and binds one socket
-SESSION_TIMEOUT = 25.0  # connect + list + calls; the suite's own client timeout is 30 s
+SESSION_TIMEOUT = 45.0  # connect + list + calls on a busy box (conformance_clients.sh gives 60 s)
 CALL_TIMEOUT = 10.0  # one tool call (sse-retry answers after a 0.5 s reconnect)
 STARTUP_BUDGET = 15.0  # the first list waits this long for the upstream on a busy machine
-LIST_WAIT = 10.0  # an empty first list is listed again for this long (a late server)
-LIST_POLL = 0.2  # how often
 DAEMON_STOP_TIMEOUT = 10.0  # the daemon's bounded shutdown (L5) plus interpreter exit
 HTTP_TIMEOUT = 10.0  # one request of the OAuth flow to the suite's authorization server
 CIMD_URL = "https://conformance-test.local/client-metadata.json"  # the suite's fixed CIMD id
@@ -133,12 +131,6 @@ async def _call(client: Client, name: str, arguments: dict[str, Any]) -> None:
 async def _actions(client: Client) -> None:
     print(f"connected at {client.protocol_version}")
     tools = (await client.list_tools()).tools
-    with anyio.move_on_after(LIST_WAIT):
-        while not tools:
-            # A server that started after mcpool's startup budget arrives by list_changed; a
-            # client lists again then (the same loop ends at once when the first list has tools).
-            await anyio.sleep(LIST_POLL)
-            tools = (await client.list_tools()).tools
     print(f"tools: {[t.name for t in tools]}")
     if SCENARIO == "json-schema-ref-no-deref":
         return
