@@ -217,6 +217,11 @@ def honored_filter(requested: Any) -> dict[str, Any]:
     return honored
 
 
+# The requests that open a session, one per era: answered as soon as the session's servers are
+# leased, before any of them is up (L6); other requests wait for the first generation.
+OPENERS = frozenset({"initialize", "server/discover"})
+
+
 class ResultPlan(msgspec.Struct, frozen=True):
     """How one forwarded request's answer crosses eras (built only when something must change).
 
