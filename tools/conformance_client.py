@@ -27,7 +27,7 @@ The actions, per scenario (the suite's checks say whether the wire was right):
   the SDK's OAuth provider with a browser that approves at once, then list and call `test-tool`;
 - otherwise: the calls the context's `toolCalls` names, else every listed tool once with
   arguments its input schema asks for (a client that leaves out invalid tools calls only the
-  valid ones).
+  valid ones); `http-standard-headers` also reads the first resource and gets the first prompt.
 Elicitation requests are accepted with each field's schema `default` (SEP-1034) and any value
 the scenario wants. Exit status 0 when every step got an answer.
 
@@ -148,6 +148,14 @@ async def _actions(client: Client) -> None:
     calls = _planned_calls() or [(t.name, _arguments(t.input_schema)) for t in tools]
     for name, arguments in calls:
         await _call(client, name, arguments)
+    if SCENARIO == "http-standard-headers":
+        # Its checks are per method: Mcp-Name on resources/read and prompts/get too.
+        for resource in (await client.list_resources()).resources[:1]:
+            await client.read_resource(str(resource.uri))
+            print(f"read {resource.uri}")
+        for prompt in (await client.list_prompts()).prompts[:1]:
+            await client.get_prompt(prompt.name, {})
+            print(f"got {prompt.name}")
 
 
 class _Memory:
