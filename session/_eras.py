@@ -217,23 +217,33 @@ def honored_filter(requested: Any) -> dict[str, Any]:
     return honored
 
 
+# The requests that open a session, one per era: answered as soon as the session's servers are
+# leased, before any of them is up (L6); other requests wait for the first generation.
+OPENERS = frozenset({"initialize", "server/discover"})
+
+
 class ResultPlan(msgspec.Struct, frozen=True):
     """How one forwarded request's answer crosses eras (built only when something must change).
 
     to_modern: a modern session; the upstream's result may lack the modern fields.
     to_handshake: a handshake-era session on a modern upstream; strip the modern fields.
     wrap: the tool's non-object structured output was wrapped in the shared snapshot.
+    stamp: both modern; a result without `resultType` gets "complete" (a 2026-07-28 result
+    MUST carry it, a client MUST read its absence as "complete": mcpool is both, SEP-2322).
     """
 
     method: str
     to_modern: bool = False
     to_handshake: bool = False
     wrap: bool = False
+    stamp: bool = False
 
 
 def plan_for(
     method: str, *, session_modern: bool, upstream_modern: bool, wrap: bool = False
 ) -> ResultPlan | None:
+    if session_modern and upstream_modern:
+        return ResultPlan(method, wrap=wrap, stamp=True)
     if session_modern == upstream_modern and not wrap:
         return None
     return ResultPlan(
@@ -253,8 +263,10 @@ class InputRequired(McpoolError):
 
 def translate_result(raw: bytes, plan: ResultPlan) -> bytes:
     """The result bytes as this session's era expects them. Raises InputRequired."""
-    if not (plan.to_modern or plan.to_handshake or plan.wrap):
+    if not (plan.to_modern or plan.to_handshake or plan.wrap or plan.stamp):
         return raw
+    if plan.stamp and not plan.wrap and b'"resultType"' in raw:
+        return raw  # the usual modern answer: its bytes go back untouched
     try:
         result = _decoder.decode(raw)
     except msgspec.DecodeError:
@@ -269,6 +281,8 @@ def translate_result(raw: bytes, plan: ResultPlan) -> bytes:
         )
     if plan.wrap:
         result = wrap_structured(result)  # the pool wrapped the schema it listed
+    if plan.stamp:
+        result.setdefault("resultType", "complete")
     if plan.to_modern:
         result = modern_result(plan.method, result)
     elif plan.to_handshake:

@@ -16,7 +16,7 @@ import trio
 from mcpool.pool import Handle
 from mcpool.protocol import META_SUBSCRIPTION_ID, Message, notification
 
-from ._eras import MODERN
+from ._eras import MODERN, OPENERS
 from ._forwarding import SessionForwarding
 from ._names import name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
@@ -215,13 +215,13 @@ class SessionGenerations(SessionForwarding):
         )
 
     def _answer_initialize(self) -> None:
-        """The servers are leased: an initialize waiting in the backlog is answered now, the
-        rest waits for the first generation."""
+        """The servers are leased: an initialize (or a 2026-07-28 server/discover) waiting in
+        the backlog is answered now, the rest waits for the first generation."""
         backlog, self._backlog = self._backlog, []
         outer = self._batch
         try:
             for msg, batch in backlog:
-                if msg.method == "initialize":
+                if msg.method in OPENERS:
                     self._batch = batch
                     self._handle(msg)
                 else:

@@ -40,6 +40,7 @@ from ._eras import (
     HANDSHAKE,
     LIST_FLAGS,
     MODERN,
+    OPENERS,
     Batch,
     check_envelope,
     discover_result,
@@ -129,7 +130,7 @@ class SessionRequests(SessionGenerations):
             )
             return
         if not self.ready and not (
-            msg.method == "ping" or (msg.method == "initialize" and self._views_known)
+            msg.method == "ping" or (msg.method in OPENERS and self._views_known)
         ):
             self._backlog.append((msg, self._batch))
             return
@@ -282,7 +283,10 @@ class SessionRequests(SessionGenerations):
                 "server/discover",
                 "server/discover belongs to protocol 2026-07-28; this session used initialize",
             )
-        result = discover_result(SERVER_CAPABILITIES, self.registry.instructions(), SERVER_INFO)
+        # Answered at once, as initialize is (L6): before the first generation, with the
+        # instructions of the servers already up.
+        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
+        result = discover_result(SERVER_CAPABILITIES, instructions, SERVER_INFO)
         self.reply(request_id(msg), response(request_id(msg), result))
 
     def _listen(self, msg: Message, p: dict[str, Any], t: _params.Listen) -> None:

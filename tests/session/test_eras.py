@@ -155,10 +155,25 @@ def test_a_listen_filter_is_honored_as_asked() -> None:
         honored_filter({"resourceSubscriptions": "a://1"})
 
 
-def test_no_plan_when_both_sides_speak_one_era() -> None:
+def test_no_plan_when_both_sides_speak_the_handshake_era() -> None:
     assert plan_for("tools/call", session_modern=False, upstream_modern=False) is None
-    assert plan_for("tools/call", session_modern=True, upstream_modern=True) is None
     assert plan_for("tools/call", session_modern=True, upstream_modern=True, wrap=True) is not None
+
+
+def test_a_modern_result_without_result_type_reaches_a_modern_session_as_complete() -> None:
+    # 2026-07-28 (basic/index, SEP-2322): a result MUST carry resultType and a client MUST read
+    # its absence as "complete"; mcpool is the client of the one and the server of the other.
+    # The conformance client scenario sep-2322-client-request-state's test_mrtr_no_result_type.
+    plan = plan_for("tools/call", session_modern=True, upstream_modern=True)
+    assert plan is not None
+    out = _decoded(translate_result(b'{"content":[{"type":"text","text":"ok"}]}', plan))
+    assert out == {"content": [{"type": "text", "text": "ok"}], "resultType": "complete"}
+    # One that has it goes back as it came, byte for byte (and input_required stays so).
+    for raw in (
+        b'{"content":[],"resultType":"complete"}',
+        b'{"resultType":"input_required","inputRequests":{}}',
+    ):
+        assert translate_result(raw, plan) is raw
 
 
 def _decoded(raw: bytes) -> Any:

@@ -332,3 +332,33 @@ async def test_a_waiting_call_is_checked_against_the_policy_in_force_when_it_goe
     error = (await answer(out, 1))["error"]
     assert "b is no longer allowed" in error["data"]["reason"]
     assert [s for s in server.current.sent if s[1] == "tools/call"] == []
+
+
+async def test_a_2026_session_discovers_at_once_and_its_first_list_waits_the_budget(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # server/discover opens a 2026-07-28 session as initialize opens an older one: it needs no
+    # upstream, so it is not held until the first generation (an SDK client's discover probe
+    # gives up after a few seconds and falls back to initialize, another era).
+    late = FakeServer([tool("late")], instructions="not yet")
+    late.start_gate = trio.Event()
+    net = FakeNet(fast=FakeServer([tool("a")], instructions="be brief"), late=late)
+    pool = make_pool(nursery, net, startup_budget=BUDGET)
+    session, out = new_session(nursery, pool)
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    t0 = trio.current_time()
+    nursery.start_soon(session.apply_settings, wants({n: stdio(n) for n in ("fast", "late")}), 1)
+    request(session, "d", "server/discover", {"_meta": envelope})
+    request(session, 1, "tools/list", {"_meta": envelope})
+    await settle()
+    found = await answer(out, "d")
+    assert trio.current_time() == t0  # before any upstream was waited for
+    assert found["result"]["capabilities"]["tools"] == {"listChanged": True}
+    assert "not yet" not in (found["result"].get("instructions") or "")
+    first = await answer(out, 1)
+    assert trio.current_time() - t0 <= BUDGET + POLL
+    assert names(first) == ["fast__a"]
+    late.start_gate.set()
