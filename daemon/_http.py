@@ -825,9 +825,11 @@ class HttpEndpoint:
             await self._stream(stream, conn, out, extra)
         finally:
             out.close()
-            if hs.ephemeral and not hs.session.awaiting_retry:
+            if hs.ephemeral and not hs.outbox.streams and not hs.session.awaiting_retry:
                 # Held for the client's retry (its input_required): it ends with the retry's
-                # POST, or idle (SESSION_IDLE, past the retry's own bound).
+                # POST, or idle (SESSION_IDLE, past the retry's own bound). A retry may come
+                # before this POST's stream has ended here (the client read the answer first):
+                # the session then ends with the last of its POSTs.
                 hs.session.close("the request is over")
             hs.touch()
         return None
