@@ -10,6 +10,9 @@
 # Prints one Markdown table per revision and exits 1 when a check that passes directly does not
 # pass through mcpool, unless it is listed in KNOWN below with the reason.
 #   tools/conformance.sh [--keep] [REVISION...]   (--keep: leave the work directory)
+#   tools/conformance.sh --clients [--keep] [REVISION...]
+#       the suite's CLIENT scenarios instead, with mcpool as the client against the SDK's own
+#       client as the direct baseline (tools/conformance_clients.sh, which documents its options)
 # Everything of ours listens on 127.0.0.1 only.
 #
 # This replaces the 0.1.16 run against server-everything: that server does not implement the
@@ -17,6 +20,7 @@
 # alpha suite covers every 0.1.16 scenario, at each revision's wire.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --clients ]; then shift; exec bash tools/conformance_clients.sh "$@"; fi
 REPO=$PWD
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ -f .peers/env.sh ] || bash tools/peers.sh >&2
