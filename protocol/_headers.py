@@ -136,14 +136,19 @@ def header_params(input_schema: Any) -> dict[tuple[str, ...], str] | str:
     return found
 
 
+def _argument_at(arguments: Any, path: tuple[str, ...]) -> Any:
+    """The value at an annotated property path of a call's arguments; None when absent."""
+    node: Any = arguments
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
 def param_headers(annotated: dict[tuple[str, ...], str], arguments: Any) -> dict[str, str]:
     """`Mcp-Param-{token}` for each annotated argument present (and not null) in `arguments`."""
     headers: dict[str, str] = {}
     for path, token in annotated.items():
-        node: Any = arguments
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        rendered = _render(node)
+        rendered = _render(_argument_at(arguments, path))
         if rendered is not None:
             headers[PARAM_HEADER_PREFIX + token] = encode_header_value(rendered)
     return headers
@@ -198,9 +203,7 @@ def param_header_mismatch(
     the tool does not annotate are not mcpool's to judge (intermediaries forward those).
     """
     for path, token in annotated.items():
-        node: Any = arguments
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
+        node = _argument_at(arguments, path)
         name = PARAM_HEADER_PREFIX + token
         sent = headers.get(name.lower())
         where = "arguments." + ".".join(path)
