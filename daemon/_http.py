@@ -743,6 +743,8 @@ class HttpEndpoint:
         requestState names the call: session/_input.py), if any."""
         if len(requests) != 1 or requests[0].params is UNSET:
             return None
+        if b"requestState" not in bytes(requests[0].params):
+            return None  # most requests: not decoded twice (handle_line decodes them)
         try:
             state = decode_params(requests[0].params).get("requestState")
         except McpoolError:
