@@ -266,9 +266,11 @@ class SessionCore:
 
     def holds_state(self, state: Any) -> bool:
         """Whether this session issued `state` for a held call still waiting for its retry."""
-        return is_ours(state) and any(
-            f.held is not None and f.held.state == state for f in self._holding
-        )
+        return is_ours(state) and self._held_by(state) is not None
+
+    def _held_by(self, state: Any) -> _InFlight | None:
+        """The held call whose retry `state` names, if this session holds one."""
+        return next((f for f in self._holding if f.held and f.held.state == state), None)
 
     def _held_answered(self, flight: _InFlight, msg: Message) -> None:
         """A held call's upstream answered it: the input requests still pending are moot (each

@@ -136,7 +136,7 @@ class SessionForwarding(SessionCore):
         """A modern client's retry carrying mcpool's requestState: its answers go to the
         upstream's pending input requests, and it takes over the held call."""
         state = params["requestState"]
-        flight = next((f for f in self._holding if f.held and f.held.state == state), None)
+        flight = self._held_by(state)
         if flight is None or flight.held is None:
             raise StateRejected(
                 "the requestState is unknown to this session (expired, already used, or "
@@ -146,6 +146,8 @@ class SessionForwarding(SessionCore):
         held = flight.held
         now = trio.current_time()
         if held.expired(now):
+            # Let go of the upstream's call now; `held.retry` below answers this retry with
+            # the expired-state error.
             self._let_go_held(flight, "the client's retry came too late", "no retry in time")
         responses = params.get("inputResponses")
         retry = held.retry(
