@@ -48,6 +48,7 @@ from mcpool import __version__
 from mcpool.protocol import (
     INTERNAL_ERROR,
     LATEST_HANDSHAKE,
+    META_SUBSCRIPTION_ID,
     MODERN_VERSION,
     UPSTREAM_CLOSED,
     UPSTREAM_TIMEOUT,
@@ -207,6 +208,10 @@ class Upstream:
         self._listen_ended = False  # the server ended the current stream: reopen (with backoff)
         self._listen_opened_at = 0.0
         self._listen_short_runs = 0  # streams in a row the server ended before LISTEN_STABLE
+        # Subscribes (request ids, in `_pending`) answered once a listen stream carrying their
+        # URI is acknowledged: those no stream was opened for yet, and those per stream.
+        self._subscribes_due: list[int] = []
+        self._subscribes_of: dict[str, list[int]] = {}
 
     # -- sending (synchronous: no task switch on the hot path) -------------------------------
 
@@ -323,7 +328,24 @@ class Upstream:
                 self.listen_uris.discard(p["uri"])
             if self.listen_uris != before:
                 self._listen_wanted.set()
+                if method == "resources/subscribe":
+                    # Answered when the server acknowledges a stream with this URI: a client
+                    # told "subscribed" before the server listens could change the resource
+                    # in between, and that update would be lost.
+                    self._pending[uid] = on_reply
+                    self._add_deadline(uid, method)
+                    self._subscribes_due.append(uid)
+                    return
         on_reply(Message(jsonrpc="2.0", id=uid, result=Raw(b"{}")))
+
+    def _answer_subscribes(self, uids: list[int]) -> None:
+        """Subscribes whose stream is acknowledged, ended, or not needed: answered {}."""
+        for uid in uids:
+            cb = self._pending.pop(uid, None)
+            if cb is not None:
+                cb(Message(jsonrpc="2.0", id=uid, result=Raw(b"{}")))
+        if uids and self._settled is not None:
+            self._check_settled()
 
     def send_notification(self, method: str, params: Any = UNSET) -> None:
         if self.alive:
@@ -551,6 +573,10 @@ class Upstream:
             wanted = _eras.listen_filter(self.server_capabilities, self.listen_uris)
             if wanted != self.listen_filter or (wanted and self._listen_id is None):
                 self._open_listen(wanted)
+            elif self._subscribes_due:
+                # Their URIs were in the stream already (or the server has no subscriptions).
+                due, self._subscribes_due = self._subscribes_due, []
+                self._answer_subscribes(due)
             await self._listen_wanted.wait()
             self._listen_wanted = trio.Event()
 
@@ -568,6 +594,10 @@ class Upstream:
         old = self._listen_id
         self.listen_filter = wanted
         self._listen_id = None
+        # The subscribes waiting for the replaced stream wait for this one (it carries theirs).
+        due = self._subscribes_of.pop(old, []) if old is not None else []
+        due += self._subscribes_due
+        self._subscribes_due = []
         if wanted and self.alive:
             self._listen_serial += 1
             listen_id = f"mcpool-listen-{self._listen_serial}"
@@ -575,7 +605,11 @@ class Upstream:
             params = self.prepare({"notifications": wanted}, {})
             self._listens.add(listen_id)
             self._listen_opened_at = trio.current_time()
+            if due:
+                self._subscribes_of[listen_id] = due
             self._write(request(listen_id, "subscriptions/listen", params))
+        else:
+            self._answer_subscribes(due)
         if old is not None:
             # Late frames of the old stream still reach the event sink: a list_changed only
             # costs a relist, and sessions filter resources/updated by their own subscriptions.
@@ -588,7 +622,11 @@ class Upstream:
     def _listen_frame(self, msg: Message) -> bool:
         """Consume what belongs to our listen streams; False for everything else."""
         if msg.method == "notifications/subscriptions/acknowledged":
-            return True  # nothing for the pool: it listens for every kind the server offers
+            # The pool listens for every kind the server offers; what waits is the subscribes.
+            listen_id = _acknowledged_stream(msg.params)
+            if listen_id is not None:
+                self._answer_subscribes(self._subscribes_of.pop(listen_id, []))
+            return True
         if not self._listens:
             return False
         if msg.method is UNSET:
@@ -613,6 +651,8 @@ class Upstream:
         return False
 
     def _listen_ended_by_server(self, listen_id: str) -> None:
+        # Its subscribes are answered: the stream that replaces it carries their URIs again.
+        self._answer_subscribes(self._subscribes_of.pop(listen_id, []))
         self._listen_id = None
         self._listen_ended = True
         self._listen_wanted.set()
@@ -891,6 +931,20 @@ class StdioUpstream(Upstream):
 
 
 _OWN_CODES = frozenset({UPSTREAM_UNAVAILABLE, UPSTREAM_CLOSED, UPSTREAM_TIMEOUT})
+
+
+def _acknowledged_stream(params: Raw | UnsetType) -> str | None:
+    """The listen stream a server's `notifications/subscriptions/acknowledged` names (its
+    `_meta` subscription id), or None when the notification is not well formed."""
+    if params is UNSET:
+        return None
+    try:
+        p = _result_decoder.decode(params)
+    except msgspec.DecodeError:
+        return None
+    meta = p.get("_meta") if isinstance(p, dict) else None
+    listen_id = meta.get(META_SUBSCRIPTION_ID) if isinstance(meta, dict) else None
+    return listen_id if isinstance(listen_id, str) else None
 
 
 def _own_reason(err: Any) -> str | None:

@@ -311,15 +311,28 @@ class SessionRequests(SessionGenerations):
         listen_id = request_id(msg)
         kinds = frozenset(kind for kind, flag in LIST_FLAGS.items() if honored.get(flag))
         uris = frozenset(honored.get("resourceSubscriptions", ()))
+        listen = self.listens[listen_id] = _Listen(kinds, uris)
+        # Acknowledged once every upstream this stream subscribed has answered: a client that
+        # changes a resource right after the acknowledgment must hear of it (the upstream was
+        # not listening yet when the acknowledgment went at once).
+        waiting = 1  # this function's own share, dropped below: replies may come synchronously
+
+        def subscribed(_reply: Message | None) -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0 and self.listens.get(listen_id) is listen:
+                self.send(
+                    notification(
+                        "notifications/subscriptions/acknowledged",
+                        {"notifications": honored, "_meta": {META_SUBSCRIPTION_ID: listen_id}},
+                    )
+                )
+
         for uri in uris:
-            self._hold_uri(uri)
-        self.listens[listen_id] = _Listen(kinds, uris)
-        self.send(
-            notification(
-                "notifications/subscriptions/acknowledged",
-                {"notifications": honored, "_meta": {META_SUBSCRIPTION_ID: listen_id}},
-            )
-        )
+            waiting += 1
+            if not self._hold_uri(uri, subscribed):
+                waiting -= 1
+        subscribed(None)
 
     def _close_listen(self, listen_id: Any) -> None:
         listen = self.listens.pop(listen_id, None)
@@ -450,19 +463,20 @@ class SessionRequests(SessionGenerations):
         else:
             self.send_result(msg, {})
 
-    def _hold_uri(self, uri: str) -> None:
-        """A listen stream's resource: subscribe the upstream if no session had it (P6)."""
+    def _hold_uri(self, uri: str, on_reply: Callable[[Message], None] = _ignore_reply) -> bool:
+        """A listen stream's resource: subscribe the upstream if no session had it (P6).
+        True when a subscribe went to the upstream: `on_reply` gets its answer (once)."""
         try:
             view = self._resource_view(uri)
         except McpoolError:
-            return  # no server lists it: honored, and never fires
+            return False  # no server lists it: honored, and never fires
         handle = view.handle
         assert handle is not None
         upstream = handle.entry.upstream
         if handle.entry.subscribe(handle, uri) and upstream is not None and upstream.alive:
-            upstream.send_request(
-                "resources/subscribe", _encoder.encode({"uri": uri}), _ignore_reply
-            )
+            upstream.send_request("resources/subscribe", _encoder.encode({"uri": uri}), on_reply)
+            return True
+        return False
 
     def _let_go_uri(self, uri: str) -> None:
         try:

@@ -118,6 +118,76 @@ async def test_resource_updates_reach_a_2026_listener_from_a_2026_upstream(
         assert event == ResourceUpdated(uri="note://pad")
 
 
+# A 2026-era upstream (raw stdio) that acknowledges a listen stream only after LISTEN_ACK_DELAY
+# and reports a resource update only on a stream it has acknowledged: what a server does that
+# registers a subscription when it acknowledges it.
+SLOW_LISTENING_UPSTREAM = """
+import json, sys, threading
+LISTEN_ACK_DELAY = 1.0
+SID = "io.modelcontextprotocol/subscriptionId"
+lock = threading.Lock()
+listening = {}  # acknowledged stream id -> its resource URIs
+
+def send(msg):
+    with lock:
+        sys.stdout.write(json.dumps(msg) + "\\n")
+        sys.stdout.flush()
+
+def acknowledge(rid, notifications):
+    listening.clear()
+    listening[rid] = set(notifications.get("resourceSubscriptions") or ())
+    send({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+          "params": {"notifications": notifications, "_meta": {SID: rid}}})
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
+    if rid is None:
+        continue
+    if method == "server/discover":
+        result = {"supportedVersions": ["2026-07-28"],
+                  "capabilities": {"tools": {}, "resources": {"subscribe": True}},
+                  "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "slow", "version": "1"}}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "touch", "inputSchema": {"type": "object"}}]}
+    elif method == "resources/list":
+        result = {"resources": [{"uri": "note://pad", "name": "pad"}]}
+    elif method == "resources/templates/list":
+        result = {"resourceTemplates": []}
+    elif method == "subscriptions/listen":
+        wanted = params.get("notifications") or {}
+        threading.Timer(LISTEN_ACK_DELAY, acknowledge, (rid, wanted)).start()
+        continue  # a listen is answered only when it ends
+    elif method == "tools/call":
+        for stream, uris in list(listening.items()):
+            if "note://pad" in uris:
+                send({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                      "params": {"uri": "note://pad", "_meta": {SID: stream}}})
+        result = {"content": [{"type": "text", "text": "touched"}], "resultType": "complete"}
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": method}})
+        continue
+    send({"jsonrpc": "2.0", "id": rid, "result": result})
+"""
+
+
+async def test_a_listen_is_acknowledged_only_once_the_upstream_listens_so_no_update_is_lost(
+    daemon_factory: Any,
+) -> None:
+    # Acknowledged at once, the client's change right after it reached an upstream that was
+    # not listening yet, and the update never came (seen as a rare failure of the test above).
+    d = await daemon_factory()
+    settings = scripted_server(d, "slow", SLOW_LISTENING_UPSTREAM)
+    async with modern_client(d, settings, "modern") as modern:
+        (server,) = await d.ctl("servers")
+        assert server["era"] == "modern"
+        async with modern.listen(resource_subscriptions=["note://pad"]) as stream:
+            with trio.fail_after(WAIT):
+                assert text_of(await modern.call_tool("up__touch", {})) == "touched"
+                event = await stream.__anext__()
+        assert event == ResourceUpdated(uri="note://pad")
+
+
 async def test_a_2026_client_gets_structured_output_and_resource_errors_in_its_era(
     daemon_factory: Any,
 ) -> None:
