@@ -18,6 +18,9 @@ from pathlib import Path
 PRIVATE_MODE = 0o600
 # Random suffixes make a clash of temporary names unlikely; O_EXCL makes one harmless.
 _TEMP_ATTEMPTS = 8
+# A bounded read past the size fstat gave (the file grew, or has no size) asks for this much at
+# a time: under glibc's initial mmap threshold (128 KiB), so no read buffer is a mapping.
+READ_CHUNK = 64 * 1024
 
 
 def open_private(path: Path | str, flags: int) -> int:
@@ -57,6 +60,33 @@ def write_private(path: Path | str, data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return target
+
+
+def read_bounded(fd: int, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes from `fd` (one more than `limit` says "too large"), each read
+    sized to what the file holds (fstat's size + 1), then READ_CHUNK at a time.
+
+    Not `os.read(fd, limit + 1)`: every such read allocates the whole limit (megabytes) to fill
+    a few KiB, and the read that finds the end frees a buffer of that size. glibc's malloc
+    takes the free of a large mapped block as a sign to serve blocks up to that size from the
+    heap from then on (its dynamic mmap threshold), and each read's multi-megabyte request then
+    lands past the live small objects at the heap's end: the daemon's heap grew by kilobytes
+    for every settings file and snapshot read, and never gave it back (tests/e2e/test_chaos.py).
+    """
+    try:
+        expected = os.fstat(fd).st_size
+    except OSError:
+        expected = 0
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        want = expected + 1 - size if size < expected else READ_CHUNK
+        chunk = os.read(fd, min(want, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def backup_private(path: Path | str, backup: Path | str) -> None:

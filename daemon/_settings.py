@@ -25,6 +25,8 @@ import msgspec
 from mcpool.pool import ServerSettings, transport_kind
 from mcpool.protocol import SettingsError
 
+from ._files import read_bounded
+
 DEFAULT_MAX_LINE = 16 * 1024 * 1024
 # A settings file is a few KiB; a larger one is a mistake (a log or a dump saved over it), read
 # no further than this so it cannot exhaust the daemon's memory.
@@ -193,7 +195,7 @@ def read_settings_file(path: str, *, now: float, previous: LoadedFile | None) ->
         if not stat.S_ISREG(st.st_mode):
             error = SettingsError("not a regular file", path=path)
             return _failed(path, error, previous, now, signature)
-        data = _read_bounded(fd)
+        data = read_bounded(fd, MAX_SETTINGS_BYTES)
     except OSError as exc:
         error = SettingsError(f"cannot read it: {exc.strerror}", path=path)
         return _failed(path, error, previous, now)
@@ -224,19 +226,6 @@ def read_settings_file(path: str, *, now: float, previous: LoadedFile | None) ->
         applied_at=now,
         signature=signature,
     )
-
-
-def _read_bounded(fd: int) -> bytes:
-    """Up to MAX_SETTINGS_BYTES + 1 bytes (one more says "too large")."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= MAX_SETTINGS_BYTES:
-        chunk = os.read(fd, MAX_SETTINGS_BYTES + 1 - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _failed(

@@ -22,7 +22,7 @@ import trio
 
 from mcpool.pool import SNAPSHOT_FORMAT, StoredSnapshot
 
-from ._files import write_private
+from ._files import read_bounded, write_private
 
 # The whole folder's bound: dozens of servers' lists fit; past it the oldest records go.
 MAX_SNAPSHOTS_BYTES = 8 * 1024 * 1024
@@ -72,8 +72,8 @@ class FileSnapshotStore:
     def load(self, fingerprint: str) -> StoredSnapshot | None:
         path = self.path_for(fingerprint)
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_SNAPSHOT_FILE_BYTES + 1)
+            with open(path, "rb", buffering=0) as f:
+                data = read_bounded(f.fileno(), MAX_SNAPSHOT_FILE_BYTES)
         except FileNotFoundError:
             return None
         except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from pathlib import Path
 
 import msgspec
@@ -116,6 +117,22 @@ def test_an_oversized_file_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b" " * (MAX_SETTINGS_BYTES + 1) + b"{}")
     loaded = read_settings_file(str(path), now=2.0, previous=good)
     assert loaded.status == "error" and "larger than" in (loaded.error or "")
+
+
+def test_reading_a_small_file_allocates_for_its_size_not_the_bound(tmp_path: Path) -> None:
+    # Each read of a settings file used to allocate MAX_SETTINGS_BYTES twice (the read and the
+    # one that finds the end): glibc then grew the daemon's heap by kilobytes per file read.
+    path, _ = _good(tmp_path)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        loaded = read_settings_file(str(path), now=2.0, previous=None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert loaded.status == "ok"
+    assert peak - before < MAX_SETTINGS_BYTES // 8, peak - before
 
 
 def test_a_nul_byte_in_a_path_is_an_error(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from .support import STEP_TIMEOUT, raw_attach, raw_call, wait_until
 
 pytestmark = pytest.mark.slow
 
-CYCLES = 200  # measured, after the warm-up
+CYCLES = 300  # measured, after the warm-up, in two halves (see RSS_LEAK_PER_CYCLE)
 # The churn keeps at most this many sessions attached at once.
 MAX_OPEN = 4
 # Entries close this long after their last session leaves: short, so the churn's leftovers are
@@ -33,15 +33,25 @@ DRAIN_GRACE = 0.2
 # Grace + L4 close of a fake (stdin EOF) + reap, for every entry at once, on a loaded machine.
 DRAIN_WAIT = 20.0
 # Cycles before the fd, heap and RSS baseline: imports, caches and the allocator's arenas reach
-# their working size first (RSS over 40-cycle windows, measured: +1.9%, +0.3%, +1.4%, 0, 0), so
-# the 200 measured cycles compare a steady daemon with itself.
+# their working size first, so the measured cycles compare a steady daemon with itself.
 WARMUP_CYCLES = 100
 # Live interpreter blocks the daemon may gain per measured cycle: its in-memory log (about two
 # lines a cycle, kept up to 2,000) and tables that grew to the churn's peak and keep their size.
 # One leaked session (its view, handles, task and buffers) is hundreds of blocks, a leaked entry
 # thousands: a leak of either is far above this.
 HEAP_BLOCKS_PER_CYCLE = 30
-RSS_TOLERANCE = 0.10  # the bound; the heap-block budget above is the finer check
+# RSS keeps rising for a few hundred cycles after the warm-up with no live memory growing:
+# closed sessions' and entries' reference cycles that outlived a young collection wait for a full
+# one (rare with GC_GEN0_THRESHOLD), and the interpreter keeps the 1 MiB arenas that peak needed;
+# the in-memory log fills up to its 2,000 lines. Measured over cycles 100..300: +5% to +8.5% (once
+# +10.3% under load) in one or two 1-2 MiB steps; over 300..500 +0.7% to +1.2%, and flat from
+# about 1,000 to 3,000. So RSS is compared over the second half (the 10% bound, once the
+# first half has taken the steps), and a leak is growth in both halves: a step lands in one, a
+# leak of RSS_LEAK_PER_CYCLE or more grows each by more (a closed session's objects alone are
+# about 250, tens of KiB). Second halves measured: +276 to +436 KiB; +920 KiB with the 4 MiB
+# settings reads daemon/_files.py read_bounded replaced (tests/daemon/test_files.py has that one).
+RSS_TOLERANCE = 0.10
+RSS_LEAK_PER_CYCLE = 8 * 1024
 FD_SETTLE_WAIT = 5.0  # a closed connection's fd is released within a loop turn or two
 # An answer to any call, even a failure, well within this: a crash fails in-flight calls at once.
 CALL_TIMEOUT = 15.0
@@ -184,7 +194,11 @@ async def test_attach_detach_churn_leaves_no_process_fd_or_memory_behind(
     await churn.close_all()
     fds_before, rss_before, blocks_before = await settled(daemon)
 
-    await churn.cycles(CYCLES)
+    half = CYCLES // 2
+    await churn.cycles(half)
+    await churn.close_all()
+    _, rss_half, _ = await settled(daemon)
+    await churn.cycles(CYCLES - half)
     assert churn.attached == WARMUP_CYCLES + CYCLES
     await churn.close_all()
     fds_after, rss_after, blocks_after = await settled(daemon)
@@ -195,7 +209,8 @@ async def test_attach_detach_churn_leaves_no_process_fd_or_memory_behind(
     fds_after = fd_count(daemon.pid)
 
     print(
-        f"daemon fds {fds_before} -> {fds_after}, RSS {rss_before >> 10} -> {rss_after >> 10} KiB,"
+        f"daemon fds {fds_before} -> {fds_after},"
+        f" RSS {rss_before >> 10} -> {rss_half >> 10} -> {rss_after >> 10} KiB,"
         f" heap blocks {blocks_before} -> {blocks_after}"
     )
     assert upstreams_of(daemon) == []
@@ -205,7 +220,11 @@ async def test_attach_detach_churn_leaves_no_process_fd_or_memory_behind(
     assert blocks_after - blocks_before <= HEAP_BLOCKS_PER_CYCLE * CYCLES, (
         f"heap grew by {blocks_after - blocks_before} blocks over {CYCLES} cycles"
     )
-    assert rss_after <= rss_before * (1 + RSS_TOLERANCE), (rss_before, rss_after)
+    assert rss_after <= rss_half * (1 + RSS_TOLERANCE), (rss_before, rss_half, rss_after)
+    growth = min(rss_half - rss_before, rss_after - rss_half)
+    assert growth <= RSS_LEAK_PER_CYCLE * half, (
+        f"RSS grew in both halves: {rss_before >> 10} -> {rss_half >> 10} -> {rss_after >> 10} KiB"
+    )
 
 
 async def test_upstream_sigkilled_every_two_seconds_while_four_sessions_call_it(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import trio.testing
 from fakes import FakeNet, FakeServer, make_pool, stdio, tool
 
 from mcpool.daemon._snapshots import (
+    MAX_SNAPSHOT_FILE_BYTES,
     FileSnapshotStore,
     describe_snapshot,
     eviction,
@@ -260,6 +262,23 @@ async def test_the_file_store_writes_0600_and_bounds_the_folder(tmp_path: Path) 
         assert stat.S_IMODE(p.stat().st_mode) == 0o600
     loaded = store.load("fp3")
     assert loaded is not None and loaded.tools[0]["name"] == "tool0"
+
+
+async def test_loading_a_record_allocates_for_its_size_not_the_bound(tmp_path: Path) -> None:
+    # A load per entry made used to allocate MAX_SNAPSHOT_FILE_BYTES to read a few KiB, which
+    # grew the daemon's heap by kilobytes per session-scoped entry (glibc's mmap threshold).
+    store = FileSnapshotStore(tmp_path, Logs())
+    await store.save(_record("fp", "one", "two"))
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        loaded = store.load("fp")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert loaded is not None and [t["name"] for t in loaded.tools] == ["one", "two"]
+    assert peak - before < MAX_SNAPSHOT_FILE_BYTES // 8, peak - before
 
 
 @pytest.mark.parametrize(
