@@ -357,18 +357,17 @@ def build_candidate(
     number: int,
     settings_generation: int,
     previous: RegistryGeneration | None = None,
+    fresh: list[tuple[Projection, Snapshot]] | None = None,
 ) -> RegistryGeneration:
     """A complete, validated candidate for `views`, one server's part at a time (S3, S8).
 
     A rejected part is listed in `rejected` and replaced by its fallback from `previous` (the
     generation being served): the server's last accepted snapshot through the current policy,
-    else its previous part narrowed by the current filters, else nothing.
+    else its previous part narrowed by the current filters, else nothing. `fresh`: each
+    view's `fresh_part()`, when the caller has them already.
     """
-    fresh: list[tuple[Projection, Snapshot]] = []
-    for view in views:
-        assert view.handle is not None
-        snapshot = view.handle.entry.snapshot
-        fresh.append((view.projection_of(snapshot), snapshot))
+    if fresh is None:
+        fresh = [view.fresh_part() for view in views]
     moves = previous.agg.moves if previous is not None and previous.views else None
     move_key: _MoveKey = ()
     move = None

@@ -254,6 +254,12 @@ class SessionView:
         assert self.handle is not None
         return self.projection_of(self.handle.entry.snapshot)
 
+    def fresh_part(self) -> tuple[Projection, Snapshot]:
+        """The entry's current snapshot and its projection (`projection`), read once."""
+        assert self.handle is not None
+        snapshot = self.handle.entry.snapshot
+        return self.projection_of(snapshot), snapshot
+
     def projection_of(self, snapshot: Snapshot) -> Projection:
         """`snapshot` (the entry's current one, or an older one it published) through this
         view's current policy and names."""
