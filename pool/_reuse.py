@@ -121,7 +121,7 @@ def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[list[int], lis
 class KnownItems:
     """One list's (tools/list, ...) decoded items of its last complete listing, by page."""
 
-    __slots__ = ("_count", "_next", "_pages", "_unaccepted", "fresh")
+    __slots__ = ("_count", "_listed", "_next", "_pages", "_unaccepted", "fresh")
 
     def __init__(self) -> None:
         self._pages: list[_Page] = []  # the last complete listing's
@@ -129,6 +129,8 @@ class KnownItems:
         # Ids of the objects in `_pages` the pool left out: decoded (and checked) again.
         self._unaccepted: set[int] = set()
         self._count = 0  # items this listing gave so far
+        # What the last listing gave, when it is every item of `_pages` (see `encoded`).
+        self._listed: tuple[Any, ...] | None = None
         # This listing's items decoded anew (the others were accepted before: the caller need
         # not check them again).
         self.fresh: list[Any] = []
@@ -267,8 +269,10 @@ class KnownItems:
 
     def finish(self, accepted: tuple[Any, ...]) -> None:
         """The listing completed and these items were accepted: they are the known ones now."""
+        self._listed = None
         if len(accepted) == self._count:
             self._unaccepted = set()  # every item was accepted (the common case)
+            self._listed = accepted
         else:
             keep = set(map(id, accepted))
             self._unaccepted = {
@@ -276,6 +280,21 @@ class KnownItems:
             }
         self._pages = self._next
         self.start()
+
+    def encoded(self, listed: tuple[Any, ...]) -> msgspec.Raw | None:
+        """`listed` (what the last listing gave: every item of its pages) as a JSON array made
+        of the pages' own bytes (one copy, no encoding; it decodes to equal values), or None
+        when it is not that listing or a page's items were not located."""
+        if listed is not self._listed or not all(p.starts for p in self._pages if p.items):
+            return None
+        parts: list[Any] = [b"["]
+        for page in self._pages:
+            if page.items:
+                if len(parts) > 1:
+                    parts.append(b",")
+                parts.append(memoryview(page.data)[page.starts[0] : page.ends[-1]])
+        parts.append(b"]")
+        return msgspec.Raw(b"".join(parts))
 
     def __len__(self) -> int:
         return sum(len(page.items) for page in self._pages) - len(self._unaccepted)

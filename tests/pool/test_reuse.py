@@ -232,3 +232,22 @@ def test_an_unchanged_end_that_moved_out_of_the_list_is_not_taken_for_its_items(
     known.start()
     moved = known.decode(msgspec.Raw(f'{{"tools":[{a},{b}],"o":[{c},{x}]}}'.encode()), "tools")
     assert moved["tools"] == [tool("a"), tool("b")]
+
+
+def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept() -> None:
+    known = KnownItems()
+    listed = [tool("a"), tool("b"), tool("c")]
+    known.start()
+    got: list[Any] = []
+    for number, part in enumerate([listed[:2], listed[2:]]):
+        cursor = "next" if number == 0 else None
+        got.extend(known.decode(encoded("tools", part, cursor, "spaced"), "tools")["tools"])
+    accepted = tuple(got)
+    known.finish(accepted)
+    raw = known.encoded(accepted)
+    assert raw is not None and msgspec.json.decode(raw) == listed
+    assert known.encoded(tuple(listed)) is None  # not that listing's items
+    known.start()
+    again = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
+    known.finish((again[0],))
+    assert known.encoded((again[0],)) is None  # an item was left out: not the pages' bytes
