@@ -281,7 +281,9 @@ def _patched(
     come out one per item (the caller then computes the table whole)."""
     if len(table) != len(before):
         return None
-    out = dict(table)
+    # copy(), not dict(): a table patched before has deleted slots, and dict() of such a dict
+    # inserts entry by entry (10x the C copy copy() still makes).
+    out = table.copy()
     for t in before[head : len(before) - tail]:
         out.pop(t[0], None)
     for t in items[head : len(items) - tail]:
@@ -510,7 +512,7 @@ def _names_patched(
     item passes the name rules and takes a name nobody else in `items` has."""
     if len(names) != len(before):
         return None
-    out = dict(names)
+    out = names.copy()  # (see `_patched`)
     for t in before[head : len(before) - tail]:
         out.pop(t[0].casefold(), None)
     for t in items[head : len(items) - tail]:
