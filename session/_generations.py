@@ -178,7 +178,7 @@ class SessionGenerations(SessionForwarding):
         )
         self._signature = signature
         self._record_rejections(cand.rejected)
-        changed = cand.changed_kinds(prev)
+        changed = list(cand.changed) if cand.changed is not None else cand.changed_kinds(prev)
         if not (self.ready and cand.agg is prev.agg and cand.views == prev.views):
             # (A candidate that serves exactly what is served, a rejected part's fallback
             # included, is no new generation.)

@@ -109,7 +109,7 @@ class RegistryGeneration:
     Immutable by convention: built once by `build_candidate`, never modified afterwards.
     """
 
-    __slots__ = ("agg", "good", "number", "rejected", "settings_generation", "views")
+    __slots__ = ("agg", "changed", "good", "number", "rejected", "settings_generation", "views")
 
     def __init__(
         self,
@@ -120,6 +120,7 @@ class RegistryGeneration:
         settings_generation: int = 0,
         good: tuple[Snapshot | None, ...] = (),
         rejected: tuple[CandidateRejected, ...] = (),
+        changed: tuple[str, ...] | None = None,
     ) -> None:
         self.agg = agg if agg is not None else _EMPTY
         self.views = views
@@ -130,6 +131,9 @@ class RegistryGeneration:
         self.good = good
         # The server parts rejected while building this generation (each serves its fallback).
         self.rejected = rejected
+        # The kinds changed from the generation it was built from (`build_candidate`'s
+        # `previous`; None without one): `changed_kinds` of that one, worked out once per move.
+        self.changed = changed
 
     # The served lists and caches are the aggregate's.
     @property
@@ -351,6 +355,7 @@ class _Move(NamedTuple):
     rejected: tuple[tuple[int, CandidateRejected], ...]
     pins: tuple[Any, ...] = ()  # the objects whose ids the key holds, alive while it is kept
     agg: Aggregate | None = None  # what the chosen parts make
+    changes: tuple[str, ...] = ()  # the kinds changed from the previous aggregate to `agg`
 
 
 def build_candidate(
@@ -403,7 +408,8 @@ def build_candidate(
         if agg is None:
             agg = _build_aggregate(views, projections)
             _aggregates[key] = agg
-        move = move._replace(agg=agg)
+        changes = () if previous is None else change_set(previous.agg, agg, LIST_KINDS)
+        move = move._replace(agg=agg, changes=changes)
         if move_key and moves is not None:
             if len(moves) >= MAX_MOVES:
                 moves.clear()
@@ -416,6 +422,7 @@ def build_candidate(
         settings_generation=settings_generation,
         good=tuple(source for _, source in move.chosen),
         rejected=tuple(r for _, r in move.rejected),
+        changed=None if previous is None else move.changes,
     )
 
 
