@@ -356,6 +356,9 @@ class _Move(NamedTuple):
     pins: tuple[Any, ...] = ()  # the objects whose ids the key holds, alive while it is kept
     agg: Aggregate | None = None  # what the chosen parts make
     changes: tuple[str, ...] = ()  # the kinds changed from the previous aggregate to `agg`
+    # `chosen`'s snapshots and `rejected`'s rejections, as a generation holds them.
+    good: tuple[Snapshot | None, ...] = ()
+    rejections: tuple[CandidateRejected, ...] = ()
 
 
 def build_candidate(
@@ -375,10 +378,11 @@ def build_candidate(
     """
     if fresh is None:
         fresh = [view.fresh_part() for view in views]
+    held = tuple(views)
     moves = previous.agg.moves if previous is not None and previous.views else None
     move_key: _MoveKey = ()
     move = None
-    if previous is not None and previous.views == tuple(views) and moves is not None:
+    if previous is not None and previous.views == held and moves is not None:
         # The same views as before (a relist, the common move): view i served part i.
         old_parts, old_good = previous.agg.projections, previous.good
         move_key = (
@@ -409,7 +413,12 @@ def build_candidate(
             agg = _build_aggregate(views, projections)
             _aggregates[key] = agg
         changes = () if previous is None else change_set(previous.agg, agg, LIST_KINDS)
-        move = move._replace(agg=agg, changes=changes)
+        move = move._replace(
+            agg=agg,
+            changes=changes,
+            good=tuple(source for _, source in move.chosen),
+            rejections=tuple(r for _, r in move.rejected),
+        )
         if move_key and moves is not None:
             if len(moves) >= MAX_MOVES:
                 moves.clear()
@@ -417,11 +426,11 @@ def build_candidate(
     assert move.agg is not None
     return RegistryGeneration(
         move.agg,
-        tuple(views),
+        held,
         number=number,
         settings_generation=settings_generation,
-        good=tuple(source for _, source in move.chosen),
-        rejected=tuple(r for _, r in move.rejected),
+        good=move.good,
+        rejected=move.rejections,
         changed=None if previous is None else move.changes,
     )
 
