@@ -165,7 +165,8 @@ class SessionGenerations(SessionForwarding):
         the rest, policy changes included, is published (S3, S8)."""
         views = list(self.views.values())
         fresh = [v.fresh_part() for v in views]
-        signature = tuple((id(v), part[0]) for v, part in zip(views, fresh, strict=True))
+        # The views and their projections (compared by identity: Projection has eq=False).
+        signature = (*views, *[part[0] for part in fresh])
         if self.ready and signature == self._signature:
             return
         prev = self.registry
@@ -275,11 +276,11 @@ class SessionGenerations(SessionForwarding):
         for kind in LIST_KINDS:
             if kind not in kinds:
                 continue
-            method = f"notifications/{kind}/list_changed"
             if self.era is not MODERN:
                 self.notifications_sent += 1
                 self.send(_LIST_CHANGED[kind])
                 continue
+            method = f"notifications/{kind}/list_changed"
             # 2026-07-28: only on the listen streams that asked, stamped with their id.
             for listen_id, listen in list(self.listens.items()):
                 if kind in listen.kinds:
