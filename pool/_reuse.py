@@ -29,6 +29,8 @@ so a failed listing leaves the table as it was.
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -57,11 +59,13 @@ def _page_decoders(field: str) -> tuple[msgspec.json.Decoder[Any], msgspec.json.
 
 
 class _Page(NamedTuple):
-    """One page as listed: its encoding, each item's offsets in it, its objects and cursor."""
+    """One page as listed: its encoding, each item's offsets in it and encoding (to look the
+    items up by when a page is split whole), its objects and cursor."""
 
     data: bytes
     starts: list[int]
     ends: list[int]
+    keys: list[bytes]
     items: list[Any]
     cursor: Any
 
@@ -116,6 +120,20 @@ def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[list[int], lis
         at += len(key)
         ends.append(at)
     return starts, ends
+
+
+def _array_offsets(
+    data: bytes, keys: list[bytes], at: int, size: int
+) -> tuple[list[int], list[int]]:
+    """Where the items `keys` of the array at `at` (`size` bytes) lie in `data`. An array as
+    long as its items and one comma between each (compact JSON, what most servers send) has
+    no blank anywhere, so its offsets are running sums (C passes); else each is searched."""
+    lengths = list(map(len, keys))
+    if size != 2 + sum(lengths) + max(len(keys) - 1, 0):
+        return _offsets(data, keys, at + 1)
+    ends = list(itertools.accumulate(map(operator.add, lengths, itertools.repeat(1)), initial=at))
+    del ends[0]
+    return list(map(operator.sub, ends, lengths)), ends
 
 
 class KnownItems:
@@ -205,48 +223,55 @@ class KnownItems:
             data,
             old.starts[:head] + starts + [s + shift for s in old.starts[kept]],
             old.ends[:head] + ends + [e + shift for e in old.ends[kept]],
+            old.keys[:head] + keys + old.keys[kept],
             old.items[:head] + middle + old.items[kept],
             parsed.nextCursor,
         )
 
     def _split(self, data: bytes, field: str) -> _Page | None:
         """`data` split whole; its items looked up among the last listing's, by encoding."""
-        whole_decoder = _page_decoders(field)[1]
+        items_decoder, whole_decoder = _page_decoders(field)
         try:
-            page = whole_decoder.decode(data)
-            array = bytes(getattr(page, field))
-            keys = list(map(bytes, _items.decode(array)))
+            page = items_decoder.decode(data)
         except msgspec.ValidationError:
             return None
+        keys = list(map(bytes, getattr(page, field)))
+        # Compact JSON (what most servers send): the array is its items joined by commas.
+        array = b"".join((b"[", b",".join(keys), b"]"))
         at = data.find(array)
+        if at < 0:  # blanks in it: found as the decoder sees it (one more pass)
+            array = bytes(getattr(whole_decoder.decode(data), field))
+            at = data.find(array)
         if at < 0 or data.find(array, at + 1) >= 0:
             # Not found once (the array's text also elsewhere): no offsets, so next time this
             # page is split whole again.
             starts: list[int] = []
             ends: list[int] = []
         else:
-            starts, ends = _offsets(data, keys, at + 1)
+            starts, ends = _array_offsets(data, keys, at, len(array))
         known: dict[bytes, Any] = {}
         for listed in self._pages:
             known.update(self._lookup(listed, 0, len(listed.items)))
         decoded = list(map(known.get, keys))
+        fresh = self.fresh
         for position in [i for i, found in enumerate(decoded) if found is None]:
-            decoded[position] = self._item(keys[position], known)
+            key = keys[position]
+            found = known.get(key)
+            if found is None:
+                found = known[key] = _any.decode(key)
+                fresh.append(found)
+            decoded[position] = found
         if not starts and keys:
-            return _Page(b"", [], [], decoded, page.nextCursor)  # never compared
-        return _Page(data, starts, ends, decoded, page.nextCursor)
+            return _Page(b"", [], [], keys, decoded, page.nextCursor)  # never compared
+        return _Page(data, starts, ends, keys, decoded, page.nextCursor)
 
     def _lookup(self, page: _Page, first: int, last: int) -> dict[bytes, Any]:
         """Items first..last of `page` by their encoding, the accepted ones only."""
-        data, starts, ends, items = page.data, page.starts, page.ends, page.items
-        if not starts:
-            return {}
+        pairs = zip(page.keys[first:last], page.items[first:last], strict=True)
         unaccepted = self._unaccepted
-        return {
-            data[starts[i] : ends[i]]: items[i]
-            for i in range(first, last)
-            if not unaccepted or id(items[i]) not in unaccepted
-        }
+        if not unaccepted:
+            return dict(pairs)
+        return {key: item for key, item in pairs if id(item) not in unaccepted}
 
     def _item(self, key: bytes, known: dict[bytes, Any]) -> Any:
         found = known.get(key)
@@ -263,7 +288,7 @@ class KnownItems:
             return page
         items = list(page.items)
         for i in again:
-            items[i] = _any.decode(page.data[page.starts[i] : page.ends[i]])
+            items[i] = _any.decode(page.keys[i])
             self.fresh.append(items[i])
         return page._replace(items=items)
 
