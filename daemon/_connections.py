@@ -551,6 +551,7 @@ class ConnectionServer(Explainer):
             page_size=self.options.page_size,
             log=lambda text, level="warning": self.log(level, text),
             attached_at=time.time(),
+            log_enabled=self.journal.enabled,
         )
         session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
         state = _SessionState(session, sources, via, env)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,11 @@ class FileSnapshotStore:
         self.log("warning", f"snapshot cache file {path} ignored: {why}", file=str(path))
         return None
 
-    async def save(self, record: StoredSnapshot) -> None:
-        data = _encoder.encode(record)
+    async def save(
+        self, record: StoredSnapshot, encoded: Mapping[str, msgspec.Raw] | None = None
+    ) -> None:
+        # `encoded` lists are the upstream's bytes of the same items: written as they are.
+        data = _encoder.encode(msgspec.structs.replace(record, **encoded) if encoded else record)
         if len(data) > MAX_SNAPSHOT_FILE_BYTES:
             self.log(
                 "info",

@@ -142,7 +142,8 @@ class Pool:
         # Saves run one at a time, each writing the newest record of its fingerprint: an
         # earlier relist never overwrites a later one, whatever order the tasks run in.
         self._save_lock = trio.Lock()
-        self._unsaved: dict[str, StoredSnapshot] = {}
+        # fingerprint -> the record to write, with its lists' bytes where the pages give them
+        self._unsaved: dict[str, tuple[StoredSnapshot, dict[str, Raw]]] = {}
         self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
@@ -286,15 +287,22 @@ class Pool:
         entry.stored = record
         if record.fingerprint not in self._unsaved:
             self._nursery.start_soon(self._save, store, record.fingerprint)
-        self._unsaved[record.fingerprint] = record
+        # A 5,000-tool list re-encoded on every list_changed cost more loop time than its
+        # relist: the lists whose pages are the snapshot's go as the upstream's own bytes.
+        encoded = {}
+        for field, method in _STORED_LISTS:
+            raw = entry.known_items[method].encoded(getattr(snapshot, field))
+            if raw is not None:
+                encoded[field] = raw
+        self._unsaved[record.fingerprint] = (record, encoded)
 
     async def _save(self, store: SnapshotStore, fingerprint: str) -> None:
         # The pool's nursery must never see a store's failure: the cache is an optimisation.
         try:
             async with self._save_lock:
-                record = self._unsaved.pop(fingerprint, None)
-                if record is not None:
-                    await store.save(record)
+                unsaved = self._unsaved.pop(fingerprint, None)
+                if unsaved is not None:
+                    await store.save(*unsaved)
         except Exception as exc:
             self.log("warning", f"snapshot not saved: {_describe(exc)}")
 
@@ -969,6 +977,15 @@ class _EntryEvents:
                     return
         finally:
             self._relisting.pop(kind, None)
+
+
+# A snapshot's list fields and the methods that list them (`KnownItems.encoded`).
+_STORED_LISTS = (
+    ("tools", "tools/list"),
+    ("prompts", "prompts/list"),
+    ("resources", "resources/list"),
+    ("resource_templates", "resources/templates/list"),
+)
 
 
 def _json(value: Any) -> bytes:

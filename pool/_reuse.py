@@ -3,54 +3,158 @@
 Theory of operation: an upstream that says list_changed lists everything again, and when one of
 its 5,000 tools changed, decoding the whole list gave 5,000 new objects, so everything derived
 from them downstream (projections, canonical forms, encoded pages) was computed again for items
-that did not change. `KnownItems` keeps one list's items of the last complete listing by their
-exact encoding: a page is decoded to its items' raw bytes (one C pass), and an item whose bytes
-were listed before is the object decoded then. Equal bytes decode to equal values, so the
-snapshot holds the same values as a full decode; only their identity is kept, which is what lets
-the session side (session/_view.py, session/_registry.py) skip the unchanged ones.
+that did not change. `KnownItems` keeps one list's pages of the last complete listing: each
+page's encoding, where each item lies in it, and the objects decoded from it.
 
-Only items the pool accepted are kept (`finish`), and only from the last complete listing, so
-the table is as large as the list itself and a failed listing leaves it as it was.
+A page that comes again is compared with the page at the same position of the last listing,
+bytes against bytes (C comparisons, a block at a time): the items inside the common start and
+the common end are the objects decoded then, and only the bytes between are parsed (`_delta`).
+The common start is cut at the end of an item followed by one more equal byte, so the parser's
+state there is the same in both encodings. The rest is decoded as a document of its own: the
+page's head, one placeholder for the items before, the changed bytes, one placeholder for the
+items after and the page's tail. That document is the page with each run of unchanged items
+replaced by one value, so it parses as the page does; the common end counts only when the
+second placeholder is the last item of the list, i.e. the unchanged items after it are where the
+last listing had them. When there is no common start (the head changed, a first listing), the
+page is split whole and its items looked up by their exact encoding among the last listing's.
+Equal bytes decode to equal values, so the snapshot holds the same values as a full decode; only
+their identity is kept, which is what lets the session side (session/_view.py,
+session/_registry.py) skip the unchanged ones.
+
+Only items the pool accepted count as known (`finish`): an item it left out is decoded again and
+is `fresh` again next time (the pool checks it again). Only the last complete listing is kept,
+so a failed listing leaves the table as it was.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+import itertools
+import operator
+from typing import Any, NamedTuple
 
 import msgspec
 
 _any = msgspec.json.Decoder()
-# Per list field: a page's items as raw bytes, and its cursor (all `list_all` reads of a page).
-_pages: dict[str, msgspec.json.Decoder[Any]] = {}
+_items = msgspec.json.Decoder(list[msgspec.Raw])
+# Per list field: a page's items as raw bytes and its cursor, and the same with the items as
+# one raw array (to find where they lie).
+_pages: dict[str, tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]] = {}
+# Bytes compared at once while looking for where two encodings of a page part.
+_BLOCK = 16384
+_PLACEHOLDER = b"0"
 
 
-def _page_decoder(field: str) -> msgspec.json.Decoder[Any]:
+def _page_decoders(field: str) -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]:
     found = _pages.get(field)
     if found is None:
-        page = msgspec.defstruct(
-            "Page",
-            [(field, list[msgspec.Raw]), ("nextCursor", Any, None)],
-            kw_only=True,
+        items = msgspec.defstruct(
+            "Page", [(field, list[msgspec.Raw]), ("nextCursor", Any, None)], kw_only=True
         )
-        found = _pages[field] = msgspec.json.Decoder(page)
+        whole = msgspec.defstruct(
+            "PageArray", [(field, msgspec.Raw), ("nextCursor", Any, None)], kw_only=True
+        )
+        found = _pages[field] = (msgspec.json.Decoder(items), msgspec.json.Decoder(whole))
     return found
 
 
-class KnownItems:
-    """One list's (tools/list, ...) decoded items of its last complete listing, by encoding."""
+class _Page(NamedTuple):
+    """One page as listed: its encoding, each item's offsets in it and encoding (to look the
+    items up by when a page is split whole), its objects and cursor."""
 
-    __slots__ = ("_by_raw", "_count", "_next", "fresh")
+    data: bytes
+    starts: list[int]
+    ends: list[int]
+    keys: list[bytes]
+    items: list[Any]
+    cursor: Any
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes `a` and `b` share."""
+    limit = min(len(a), len(b))
+    other = memoryview(b)
+    at = 0
+    while at + _BLOCK <= limit and a.startswith(other[at : at + _BLOCK], at):
+        at += _BLOCK
+    high = min(at + _BLOCK, limit)
+    while at < high:
+        mid = (at + high + 1) // 2
+        if a.startswith(other[at:mid], at):
+            at = mid
+        else:
+            high = mid - 1
+    return at
+
+
+def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
+    """How many trailing bytes `a` and `b` share, at most `limit`."""
+    la, lb = len(a), len(b)
+    other = memoryview(b)
+    size = 0
+    while size + _BLOCK <= limit and a.endswith(
+        other[lb - size - _BLOCK : lb - size], 0, la - size
+    ):
+        size += _BLOCK
+    high = min(size + _BLOCK, limit)
+    while size < high:
+        mid = (size + high + 1) // 2
+        if a.endswith(other[lb - mid : lb - size], 0, la - size):
+            size = mid
+        else:
+            high = mid - 1
+    return size
+
+
+def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[list[int], list[int]]:
+    """Where each of `keys` (consecutive items, separated only by commas and blanks, the first
+    at or after `start`) lies in `data`. A JSON value starts with neither, so each item is the
+    first match after the previous one."""
+    starts: list[int] = []
+    ends: list[int] = []
+    find = data.find
+    at = start
+    for key in keys:
+        at = find(key, at)
+        starts.append(at)
+        at += len(key)
+        ends.append(at)
+    return starts, ends
+
+
+def _array_offsets(
+    data: bytes, keys: list[bytes], at: int, size: int
+) -> tuple[list[int], list[int]]:
+    """Where the items `keys` of the array at `at` (`size` bytes) lie in `data`. An array as
+    long as its items and one comma between each (compact JSON, what most servers send) has
+    no blank anywhere, so its offsets are running sums (C passes); else each is searched."""
+    lengths = list(map(len, keys))
+    if size != 2 + sum(lengths) + max(len(keys) - 1, 0):
+        return _offsets(data, keys, at + 1)
+    ends = list(itertools.accumulate(map(operator.add, lengths, itertools.repeat(1)), initial=at))
+    del ends[0]
+    return list(map(operator.sub, ends, lengths)), ends
+
+
+class KnownItems:
+    """One list's (tools/list, ...) decoded items of its last complete listing, by page."""
+
+    __slots__ = ("_count", "_listed", "_next", "_pages", "_unaccepted", "fresh")
 
     def __init__(self) -> None:
-        self._by_raw: dict[bytes, Any] = {}
-        self._next: dict[bytes, Any] = {}  # this listing's, so far
+        self._pages: list[_Page] = []  # the last complete listing's
+        self._next: list[_Page] = []  # this listing's, so far
+        # Ids of the objects in `_pages` the pool left out: decoded (and checked) again.
+        self._unaccepted: set[int] = set()
         self._count = 0  # items this listing gave so far
+        # What the last listing gave, when it is every item of `_pages` (see `encoded`).
+        self._listed: tuple[Any, ...] | None = None
         # This listing's items decoded anew (the others were accepted before: the caller need
         # not check them again).
         self.fresh: list[Any] = []
 
     def start(self) -> None:
-        self._next = {}
+        self._next = []
         self._count = 0
         self.fresh = []
 
@@ -58,33 +162,164 @@ class KnownItems:
         """A page result as `list_all` reads it ({field: items, "nextCursor": ...}), with the
         items that were listed before as the objects decoded then; any other result (not an
         object, no `field` array) as `msgspec.json.decode` gives it."""
+        data = bytes(raw)
+        index = len(self._next)
+        old = self._pages[index] if index < len(self._pages) else None
+        page = None
+        if old is not None:
+            page = old if data == old.data else self._delta(old, data, field)
+        if page is None:
+            page = self._split(data, field)
+            if page is None:
+                return _any.decode(data)  # the caller says what is wrong with it
+        elif self._unaccepted:
+            page = self._recheck(page)
+        self._next.append(page)
+        self._count += len(page.items)
+        return {field: page.items, "nextCursor": page.cursor}
+
+    def _delta(self, old: _Page, data: bytes, field: str) -> _Page | None:
+        """`data` as `old` with only the bytes between their common start and end parsed, or
+        None when they share no item at the start (the caller splits it whole)."""
+        n = len(old.items)
+        common = _common_prefix(data, old.data)
+        head = bisect.bisect_left(old.ends, common)  # items ending before the first difference
+        if head == 0:
+            return None
+        shift = len(data) - len(old.data)
+        rest = min(len(data), len(old.data)) - common
+        tail = n - bisect.bisect_right(
+            old.starts, len(old.data) - _common_suffix(data, old.data, rest)
+        )
+        cut = old.ends[head - 1]  # where the changed bytes begin, in both
+        lead = data[: old.starts[0]] + _PLACEHOLDER
+        decoder = _page_decoders(field)[0]
+        parsed = None
+        if tail:
+            back = old.starts[n - tail] + shift  # where the unchanged end begins, in `data`
+            after = old.ends[n - 1] + shift
+            document = lead + data[cut:back] + _PLACEHOLDER + data[after:]
+            try:
+                parsed = decoder.decode(document)
+            except msgspec.DecodeError:
+                parsed = None
+            found = getattr(parsed, field) if parsed is not None else []
+            if len(found) < 2 or bytes(found[-1]) != _PLACEHOLDER:
+                parsed, tail = None, 0  # the end is not where it was: parse it all
+        if parsed is None:
+            try:
+                parsed = decoder.decode(lead + data[cut:])
+            except msgspec.DecodeError:
+                return None
+        found = getattr(parsed, field)
+        if not found or bytes(found[0]) != _PLACEHOLDER:
+            return None
+        keys = list(map(bytes, found[1 : len(found) - 1 if tail else len(found)]))
+        starts, ends = _offsets(data, keys, cut)
+        known = self._lookup(old, head, n - tail) if keys else {}
+        middle = [self._item(key, known) for key in keys]
+        kept = slice(n - tail, n)
+        return _Page(
+            data,
+            old.starts[:head] + starts + [s + shift for s in old.starts[kept]],
+            old.ends[:head] + ends + [e + shift for e in old.ends[kept]],
+            old.keys[:head] + keys + old.keys[kept],
+            old.items[:head] + middle + old.items[kept],
+            parsed.nextCursor,
+        )
+
+    def _split(self, data: bytes, field: str) -> _Page | None:
+        """`data` split whole; its items looked up among the last listing's, by encoding."""
+        items_decoder, whole_decoder = _page_decoders(field)
         try:
-            page = _page_decoder(field).decode(raw)
+            page = items_decoder.decode(data)
         except msgspec.ValidationError:
-            return _any.decode(raw)  # the caller says what is wrong with it
-        items: list[msgspec.Raw] = getattr(page, field)
-        # Each step one C pass over the page; only the items not listed before decode.
-        keys = list(map(bytes, items))
-        decoded = list(map(self._by_raw.get, keys))
+            return None
+        keys = list(map(bytes, getattr(page, field)))
+        # Compact JSON (what most servers send): the array is its items joined by commas.
+        array = b"".join((b"[", b",".join(keys), b"]"))
+        at = data.find(array)
+        if at < 0:  # blanks in it: found as the decoder sees it (one more pass)
+            array = bytes(getattr(whole_decoder.decode(data), field))
+            at = data.find(array)
+        if at < 0 or data.find(array, at + 1) >= 0:
+            # Not found once (the array's text also elsewhere): no offsets, so next time this
+            # page is split whole again.
+            starts: list[int] = []
+            ends: list[int] = []
+        else:
+            starts, ends = _array_offsets(data, keys, at, len(array))
+        known: dict[bytes, Any] = {}
+        for listed in self._pages:
+            known.update(self._lookup(listed, 0, len(listed.items)))
+        decoded = list(map(known.get, keys))
+        fresh = self.fresh
         for position in [i for i, found in enumerate(decoded) if found is None]:
             key = keys[position]
-            found = self._next.get(key)
+            found = known.get(key)
             if found is None:
-                found = _any.decode(key)
-                self.fresh.append(found)
+                found = known[key] = _any.decode(key)
+                fresh.append(found)
             decoded[position] = found
-        self._next.update(zip(keys, decoded, strict=True))
-        self._count += len(decoded)
-        return {field: decoded, "nextCursor": page.nextCursor}
+        if not starts and keys:
+            return _Page(b"", [], [], keys, decoded, page.nextCursor)  # never compared
+        return _Page(data, starts, ends, keys, decoded, page.nextCursor)
+
+    def _lookup(self, page: _Page, first: int, last: int) -> dict[bytes, Any]:
+        """Items first..last of `page` by their encoding, the accepted ones only."""
+        pairs = zip(page.keys[first:last], page.items[first:last], strict=True)
+        unaccepted = self._unaccepted
+        if not unaccepted:
+            return dict(pairs)
+        return {key: item for key, item in pairs if id(item) not in unaccepted}
+
+    def _item(self, key: bytes, known: dict[bytes, Any]) -> Any:
+        found = known.get(key)
+        if found is None:
+            found = known[key] = _any.decode(key)
+            self.fresh.append(found)
+        return found
+
+    def _recheck(self, page: _Page) -> _Page:
+        """`page` with the items the pool left out last time decoded (and checked) again."""
+        unaccepted = self._unaccepted
+        again = [i for i, item in enumerate(page.items) if id(item) in unaccepted]
+        if not again:
+            return page
+        items = list(page.items)
+        for i in again:
+            items[i] = _any.decode(page.keys[i])
+            self.fresh.append(items[i])
+        return page._replace(items=items)
 
     def finish(self, accepted: tuple[Any, ...]) -> None:
         """The listing completed and these items were accepted: they are the known ones now."""
+        self._listed = None
         if len(accepted) == self._count:
-            self._by_raw = self._next  # every item was accepted (the common case)
+            self._unaccepted = set()  # every item was accepted (the common case)
+            self._listed = accepted
         else:
             keep = set(map(id, accepted))
-            self._by_raw = {k: v for k, v in self._next.items() if id(v) in keep}
+            self._unaccepted = {
+                id(item) for page in self._next for item in page.items if id(item) not in keep
+            }
+        self._pages = self._next
         self.start()
 
+    def encoded(self, listed: tuple[Any, ...]) -> msgspec.Raw | None:
+        """`listed` (what the last listing gave: every item of its pages) as a JSON array made
+        of the pages' own bytes (one copy, no encoding; it decodes to equal values), or None
+        when it is not that listing or a page's items were not located."""
+        if listed is not self._listed or not all(p.starts for p in self._pages if p.items):
+            return None
+        parts: list[Any] = [b"["]
+        for page in self._pages:
+            if page.items:
+                if len(parts) > 1:
+                    parts.append(b",")
+                parts.append(memoryview(page.data)[page.starts[0] : page.ends[-1]])
+        parts.append(b"]")
+        return msgspec.Raw(b"".join(parts))
+
     def __len__(self) -> int:
-        return len(self._by_raw)
+        return sum(len(page.items) for page in self._pages) - len(self._unaccepted)

@@ -14,9 +14,11 @@ over its cache folder; tests pass a dict).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import msgspec
+from msgspec import Raw
 
 from ._entry import Snapshot
 
@@ -56,7 +58,9 @@ class SnapshotStore(Protocol):
 
     def load(self, fingerprint: str) -> StoredSnapshot | None: ...
 
-    async def save(self, record: StoredSnapshot) -> None: ...
+    async def save(self, record: StoredSnapshot, encoded: Mapping[str, Raw] | None = None) -> None:
+        """Keep `record`; `encoded`: some of its list fields (by attribute name) as JSON
+        already, to be written as they are."""
 
     def forget(self, fingerprint: str) -> None: ...
 
@@ -70,7 +74,7 @@ class MemorySnapshotStore:
     def load(self, fingerprint: str) -> StoredSnapshot | None:
         return self.records.get(fingerprint)
 
-    async def save(self, record: StoredSnapshot) -> None:
+    async def save(self, record: StoredSnapshot, encoded: Mapping[str, Raw] | None = None) -> None:
         self.records[record.fingerprint] = record
 
     def forget(self, fingerprint: str) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import heapq
 import math
 import os
@@ -104,6 +105,14 @@ DEFAULT_REQUEST_TIMEOUT = 600.0
 # The deadline heap drops answered requests lazily; it is rebuilt from the pending ones once it
 # holds this many more than twice their number, so a busy upstream's heap stays small.
 DEADLINE_COMPACT_SLACK = 1024
+# A server whose message is larger than this gets a stdout pipe of BIG_PIPE (Linux): a 600 KB
+# tools/list then arrives in one wake-up instead of ten (each a loop pass and a context switch
+# of both processes). Only such servers: pipe pages count against a per-user limit.
+BIG_MESSAGE = 256 * 1024
+BIG_PIPE = 1024 * 1024
+# Reads of one wake-up while each fills its chunk: a large message is read in one loop pass,
+# and no server can hold the loop for more than this many chunks.
+READS_PER_WAKE = 16
 
 
 # What the daemon declares to upstreams: it relays sampling and elicitation to the session that
@@ -855,34 +864,41 @@ class StdioUpstream(Upstream):
     async def _read_stdout(self, fd: int) -> None:
         framer = LineFramer(self._max_line)
         feed, dispatch = framer.feed, self._dispatch
+        widened = False
         while True:
             # `read_some`, inlined: one coroutine less per message every session of this
             # server waits on.
             await trio.lowlevel.wait_readable(fd)
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                if exc.errno not in READ_GONE:
-                    raise
-                data = b""
-            if not data:
-                # Usually the process is exiting: its status makes the error much clearer.
-                with trio.move_on_after(EXIT_STATUS_WAIT):
-                    await self._exited.wait()
-                if self.closed_reason is None:
-                    self.closed_reason = "closed its stdout"
-                self._fail_pending()
-                self._close_requested.set()
-                return
-            try:
-                lines = feed(data)
-            except _MessageTooLarge:
-                self.request_close(f"sent a message larger than {self._max_line} bytes")
-                return
-            for line in lines:
-                dispatch(line)
+            for _ in range(READS_PER_WAKE):
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno not in READ_GONE:
+                        raise
+                    data = b""
+                if not data:
+                    # Usually the process is exiting: its status makes the error much clearer.
+                    with trio.move_on_after(EXIT_STATUS_WAIT):
+                        await self._exited.wait()
+                    if self.closed_reason is None:
+                        self.closed_reason = "closed its stdout"
+                    self._fail_pending()
+                    self._close_requested.set()
+                    return
+                try:
+                    lines = feed(data)
+                except _MessageTooLarge:
+                    self.request_close(f"sent a message larger than {self._max_line} bytes")
+                    return
+                for line in lines:
+                    dispatch(line)
+                if len(data) < READ_CHUNK:
+                    break  # the pipe is empty (for now)
+                if not widened and framer.pending() > BIG_MESSAGE:
+                    widened = True
+                    _widen_pipe(fd)
 
     async def _read_stderr(self, fd: int) -> None:
         buf = b""
@@ -928,6 +944,14 @@ class StdioUpstream(Upstream):
         self.exit_status = proc.returncode
         self._has_exited = True
         self._exited.set()
+
+
+def _widen_pipe(fd: int) -> None:
+    """Make a pipe BIG_PIPE bytes (Linux); where that is refused it stays as it is."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, set_size, BIG_PIPE)
 
 
 _OWN_CODES = frozenset({UPSTREAM_UNAVAILABLE, UPSTREAM_CLOSED, UPSTREAM_TIMEOUT})

@@ -56,6 +56,7 @@ class SessionCore:
         "_hold_timer",
         "_holding",
         "_log",
+        "_log_enabled",
         "_notify_wake",
         "_notifying",
         "_parked",
@@ -106,6 +107,8 @@ class SessionCore:
     out: Writer
     page_size: int
     _log: SessionLog
+    # Whether a line of this level would be kept (formatting skipped when not).
+    _log_enabled: Callable[[str], bool]
     attached_at: float
     views: dict[str, SessionView]
     name_budget: Any

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from ._session import Session
 
 
+# The list_changed lines, encoded once (every session of a changed aggregate sends one).
+_LIST_CHANGED = {kind: notification(f"notifications/{kind}/list_changed") for kind in LIST_KINDS}
+
+
 class SessionGenerations(SessionForwarding):
     __slots__ = ()  # SessionCore holds the slots
 
@@ -160,7 +164,9 @@ class SessionGenerations(SessionForwarding):
         the log. A server whose part is rejected keeps its fallback (`build_candidate`), and
         the rest, policy changes included, is published (S3, S8)."""
         views = list(self.views.values())
-        signature = tuple((id(v), v.projection()) for v in views)
+        fresh = [v.fresh_part() for v in views]
+        # The views and their projections (compared by identity: Projection has eq=False).
+        signature = (*views, *[part[0] for part in fresh])
         if self.ready and signature == self._signature:
             return
         prev = self.registry
@@ -169,10 +175,11 @@ class SessionGenerations(SessionForwarding):
             number=prev.number + 1,
             settings_generation=self.settings_generation,
             previous=prev,
+            fresh=fresh,
         )
         self._signature = signature
         self._record_rejections(cand.rejected)
-        changed = cand.changed_kinds(prev)
+        changed = list(cand.changed) if cand.changed is not None else cand.changed_kinds(prev)
         if not (self.ready and cand.agg is prev.agg and cand.views == prev.views):
             # (A candidate that serves exactly what is served, a rejected part's fallback
             # included, is no new generation.)
@@ -196,6 +203,9 @@ class SessionGenerations(SessionForwarding):
     def _record_rejections(self, rejected: tuple[CandidateRejected, ...]) -> None:
         """The session's registry errors are exactly the latest candidate's rejections: an error
         goes as soon as a candidate no longer has it (issue 15.9)."""
+        if not rejected and not self.registry_errors:
+            self.last_error = None
+            return
         errors = {r.server: r.describe() for r in rejected}
         for server, error in errors.items():
             if self.registry_errors.get(server) != error:
@@ -204,6 +214,8 @@ class SessionGenerations(SessionForwarding):
         self.last_error = "; ".join(errors.values()) or None
 
     def _log_generation(self, gen: RegistryGeneration, changed: list[str], reason: str) -> None:
+        if not self._log_enabled("debug"):
+            return  # (formatted for nothing 200 times when 200 sessions move at once)
         counts = (
             f"{len(gen.tools)} tools, {len(gen.prompts)} prompts, {len(gen.resources)} "
             f"resources, {len(gen.resource_templates)} resource templates"
@@ -264,11 +276,11 @@ class SessionGenerations(SessionForwarding):
         for kind in LIST_KINDS:
             if kind not in kinds:
                 continue
-            method = f"notifications/{kind}/list_changed"
             if self.era is not MODERN:
                 self.notifications_sent += 1
-                self.send(notification(method))
+                self.send(_LIST_CHANGED[kind])
                 continue
+            method = f"notifications/{kind}/list_changed"
             # 2026-07-28: only on the listen streams that asked, stamped with their id.
             for listen_id, listen in list(self.listens.items()):
                 if kind in listen.kinds:

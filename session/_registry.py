@@ -109,7 +109,7 @@ class RegistryGeneration:
     Immutable by convention: built once by `build_candidate`, never modified afterwards.
     """
 
-    __slots__ = ("agg", "good", "number", "rejected", "settings_generation", "views")
+    __slots__ = ("agg", "changed", "good", "number", "rejected", "settings_generation", "views")
 
     def __init__(
         self,
@@ -120,6 +120,7 @@ class RegistryGeneration:
         settings_generation: int = 0,
         good: tuple[Snapshot | None, ...] = (),
         rejected: tuple[CandidateRejected, ...] = (),
+        changed: tuple[str, ...] | None = None,
     ) -> None:
         self.agg = agg if agg is not None else _EMPTY
         self.views = views
@@ -130,6 +131,9 @@ class RegistryGeneration:
         self.good = good
         # The server parts rejected while building this generation (each serves its fallback).
         self.rejected = rejected
+        # The kinds changed from the generation it was built from (`build_candidate`'s
+        # `previous`; None without one): `changed_kinds` of that one, worked out once per move.
+        self.changed = changed
 
     # The served lists and caches are the aggregate's.
     @property
@@ -281,7 +285,9 @@ def _patched(
     come out one per item (the caller then computes the table whole)."""
     if len(table) != len(before):
         return None
-    out = dict(table)
+    # copy(), not dict(): a table patched before has deleted slots, and dict() of such a dict
+    # inserts entry by entry (10x the C copy copy() still makes).
+    out = table.copy()
     for t in before[head : len(before) - tail]:
         out.pop(t[0], None)
     for t in items[head : len(items) - tail]:
@@ -349,6 +355,10 @@ class _Move(NamedTuple):
     rejected: tuple[tuple[int, CandidateRejected], ...]
     pins: tuple[Any, ...] = ()  # the objects whose ids the key holds, alive while it is kept
     agg: Aggregate | None = None  # what the chosen parts make
+    changes: tuple[str, ...] = ()  # the kinds changed from the previous aggregate to `agg`
+    # `chosen`'s snapshots and `rejected`'s rejections, as a generation holds them.
+    good: tuple[Snapshot | None, ...] = ()
+    rejections: tuple[CandidateRejected, ...] = ()
 
 
 def build_candidate(
@@ -357,22 +367,22 @@ def build_candidate(
     number: int,
     settings_generation: int,
     previous: RegistryGeneration | None = None,
+    fresh: list[tuple[Projection, Snapshot]] | None = None,
 ) -> RegistryGeneration:
     """A complete, validated candidate for `views`, one server's part at a time (S3, S8).
 
     A rejected part is listed in `rejected` and replaced by its fallback from `previous` (the
     generation being served): the server's last accepted snapshot through the current policy,
-    else its previous part narrowed by the current filters, else nothing.
+    else its previous part narrowed by the current filters, else nothing. `fresh`: each
+    view's `fresh_part()`, when the caller has them already.
     """
-    fresh: list[tuple[Projection, Snapshot]] = []
-    for view in views:
-        assert view.handle is not None
-        snapshot = view.handle.entry.snapshot
-        fresh.append((view.projection_of(snapshot), snapshot))
+    if fresh is None:
+        fresh = [view.fresh_part() for view in views]
+    held = tuple(views)
     moves = previous.agg.moves if previous is not None and previous.views else None
     move_key: _MoveKey = ()
     move = None
-    if previous is not None and previous.views == tuple(views) and moves is not None:
+    if previous is not None and previous.views == held and moves is not None:
         # The same views as before (a relist, the common move): view i served part i.
         old_parts, old_good = previous.agg.projections, previous.good
         move_key = (
@@ -402,7 +412,13 @@ def build_candidate(
         if agg is None:
             agg = _build_aggregate(views, projections)
             _aggregates[key] = agg
-        move = move._replace(agg=agg)
+        changes = () if previous is None else change_set(previous.agg, agg, LIST_KINDS)
+        move = move._replace(
+            agg=agg,
+            changes=changes,
+            good=tuple(source for _, source in move.chosen),
+            rejections=tuple(r for _, r in move.rejected),
+        )
         if move_key and moves is not None:
             if len(moves) >= MAX_MOVES:
                 moves.clear()
@@ -410,11 +426,12 @@ def build_candidate(
     assert move.agg is not None
     return RegistryGeneration(
         move.agg,
-        tuple(views),
+        held,
         number=number,
         settings_generation=settings_generation,
-        good=tuple(source for _, source in move.chosen),
-        rejected=tuple(r for _, r in move.rejected),
+        good=move.good,
+        rejected=move.rejections,
+        changed=None if previous is None else move.changes,
     )
 
 
@@ -511,7 +528,7 @@ def _names_patched(
     item passes the name rules and takes a name nobody else in `items` has."""
     if len(names) != len(before):
         return None
-    out = dict(names)
+    out = names.copy()  # (see `_patched`)
     for t in before[head : len(before) - tail]:
         out.pop(t[0].casefold(), None)
     for t in items[head : len(items) - tail]:

@@ -81,6 +81,14 @@ def new_session_id() -> str:
     return f"s{next(_session_ids)}"
 
 
+def _always(level: str) -> bool:
+    return True
+
+
+def _never(level: str) -> bool:
+    return False
+
+
 class Session(SessionRequests):
     __slots__ = ()  # SessionCore holds the slots
 
@@ -95,6 +103,7 @@ class Session(SessionRequests):
         page_size: int = DEFAULT_PAGE_SIZE,
         log: SessionLog | None = None,
         attached_at: float = 0.0,
+        log_enabled: Callable[[str], bool] | None = None,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -103,6 +112,7 @@ class Session(SessionRequests):
         self.out = out
         self.page_size = page_size
         self._log: SessionLog = log if log is not None else _no_log
+        self._log_enabled = log_enabled or (_never if log is None else _always)
         self.attached_at = attached_at
         self.views: dict[str, SessionView] = {}
         # The longest exposed name this session's client takes (session/_names.py): decided by

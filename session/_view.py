@@ -254,6 +254,17 @@ class SessionView:
         assert self.handle is not None
         return self.projection_of(self.handle.entry.snapshot)
 
+    def fresh_part(self) -> tuple[Projection, Snapshot]:
+        """The entry's current snapshot and its projection (`projection`), read once."""
+        handle = self.handle
+        assert handle is not None
+        entry = handle.entry
+        snapshot = entry.snapshot
+        budget = self.session.name_budget
+        return shared_projection(
+            entry, snapshot, self.key, self.name, self.prefix, budget
+        ), snapshot
+
     def projection_of(self, snapshot: Snapshot) -> Projection:
         """`snapshot` (the entry's current one, or an older one it published) through this
         view's current policy and names."""

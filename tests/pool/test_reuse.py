@@ -8,6 +8,7 @@ from them downstream be reused.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -115,3 +116,138 @@ async def test_a_relist_keeps_the_unchanged_tools_and_still_reports_malformed_on
     assert relisted[0] is first[1]  # unchanged: the object of the first listing
     assert relisted[1] is not first[0]
     assert any("1 malformed item" in n for n in entry.snapshot.notes)  # still said
+
+
+# Edits of a listing, as a relist sees them: an item added, removed or changed anywhere.
+edits = st.lists(
+    st.tuples(st.sampled_from(["add", "remove", "change"]), st.integers(0, 40), json_values),
+    max_size=6,
+)
+# How an upstream may lay a page out: compact, spaced, or with fields around the list.
+layouts = st.sampled_from(["compact", "spaced", "meta_first", "cursor_first"])
+
+
+def encoded(field: str, listed: list[Any], cursor: Any, layout: str) -> msgspec.Raw:
+    body: dict[str, Any] = {}
+    if layout == "meta_first":
+        body["_meta"] = {"n": len(listed)}  # a head that changes with the list
+    if layout == "cursor_first" and cursor is not None:
+        body["nextCursor"] = cursor
+    body[field] = listed
+    if cursor is not None:
+        body["nextCursor"] = cursor
+    separators = (", ", ": ") if layout == "spaced" else (",", ":")
+    return msgspec.Raw(json.dumps(body, separators=separators).encode())
+
+
+@given(items, st.lists(edits, min_size=1, max_size=5), layouts, st.integers(1, 4))
+def test_relists_after_any_edits_decode_to_what_a_full_decode_gives(
+    start: list[Any], rounds: list[list[tuple[str, int, Any]]], layout: str, page_size: int
+) -> None:
+    """The bytes compared with the last listing's and only the changed ones parsed (`_delta`)
+    give the values a decode from scratch gives, page by page, whatever changed where; and an
+    item is left unchecked (not `fresh`) only when it is an object the last listing accepted."""
+    known = KnownItems()
+    listed = list(start)
+    accepted: set[int] = set()
+    for edit in [[], *rounds]:
+        for kind, at, value in edit:
+            at = at % (len(listed) + 1)
+            if kind == "add":
+                listed.insert(at, value)
+            elif listed:
+                at = min(at, len(listed) - 1)
+                if kind == "remove":
+                    del listed[at]
+                else:
+                    listed[at] = value
+        known.start()
+        pages = [listed[i : i + page_size] for i in range(0, len(listed), page_size)] or [[]]
+        got: list[Any] = []
+        for number, part in enumerate(pages):
+            cursor = str(number + 1) if number + 1 < len(pages) else None
+            result = known.decode(encoded("tools", part, cursor, layout), "tools")
+            assert result["tools"] == part
+            assert result.get("nextCursor") == cursor
+            got.extend(result["tools"])
+        fresh = set(map(id, known.fresh))
+        for item in got:
+            assert id(item) in fresh or id(item) in accepted
+        # The pool accepts the objects (dicts) and leaves the rest out.
+        kept = tuple(i for i in got if isinstance(i, dict))
+        known.finish(kept)
+        accepted = set(map(id, kept))
+
+
+def test_a_change_at_the_end_reuses_every_item_before_it() -> None:
+    known = KnownItems()
+    before = [tool(f"t{i}") for i in range(50)]
+    known.start()
+    old = known.decode(page("tools", before), "tools")["tools"]
+    known.finish(tuple(old))
+    cases = [
+        ([*before, tool("new")], 50),  # one added
+        ([*before[:-1], tool("t49", "changed")], 49),
+        (before[:-1], 49),  # one removed
+    ]
+    for after, same in cases:
+        known.start()
+        new = known.decode(page("tools", after), "tools")["tools"]
+        assert new == after
+        assert all(new[i] is old[i] for i in range(same))
+        assert len(known.fresh) == len(after) - same
+        known.start()  # (not finished: the next one compares with the first listing again)
+
+
+def test_a_change_in_the_middle_reuses_the_items_on_both_sides() -> None:
+    known = KnownItems()
+    before = [tool(f"t{i}") for i in range(50)]
+    known.start()
+    old = known.decode(page("tools", before), "tools")["tools"]
+    known.finish(tuple(old))
+    after = [*before[:20], tool("x"), tool("t21", "changed"), *before[22:]]
+    known.start()
+    new = known.decode(page("tools", after), "tools")["tools"]
+    assert new == after
+    assert all(new[i] is old[i] for i in [*range(20), *range(22, 50)])
+    assert known.fresh == [new[20], new[21]]
+
+
+def test_a_number_that_grew_is_not_taken_for_the_one_before() -> None:
+    # "12" is a prefix of "123": the common start must end past an item's last byte.
+    known = KnownItems()
+    for listed in ([1, 12], [1, 123], [1, 123, 4], [1, 12, 4]):
+        known.start()
+        assert known.decode(page("tools", listed), "tools")["tools"] == listed
+        known.finish(())
+
+
+def test_an_unchanged_end_that_moved_out_of_the_list_is_not_taken_for_its_items() -> None:
+    # The same bytes at the end, but now the items of another field: not the list's.
+    known = KnownItems()
+    a, b, c, x = (msgspec.json.encode(tool(n)).decode() for n in "abcx")
+    known.start()
+    first = known.decode(msgspec.Raw(f'{{"tools":[{a},{b},{c},{x}]}}'.encode()), "tools")
+    known.finish(tuple(first["tools"]))
+    known.start()
+    moved = known.decode(msgspec.Raw(f'{{"tools":[{a},{b}],"o":[{c},{x}]}}'.encode()), "tools")
+    assert moved["tools"] == [tool("a"), tool("b")]
+
+
+def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept() -> None:
+    known = KnownItems()
+    listed = [tool("a"), tool("b"), tool("c")]
+    known.start()
+    got: list[Any] = []
+    for number, part in enumerate([listed[:2], listed[2:]]):
+        cursor = "next" if number == 0 else None
+        got.extend(known.decode(encoded("tools", part, cursor, "spaced"), "tools")["tools"])
+    accepted = tuple(got)
+    known.finish(accepted)
+    raw = known.encoded(accepted)
+    assert raw is not None and msgspec.json.decode(raw) == listed
+    assert known.encoded(tuple(listed)) is None  # not that listing's items
+    known.start()
+    again = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
+    known.finish((again[0],))
+    assert known.encoded((again[0],)) is None  # an item was left out: not the pages' bytes

@@ -308,3 +308,33 @@ def test_an_unreadable_or_missing_cache_file_is_not_fatal(tmp_path: Path) -> Non
     assert store.load("fp") is None
     assert "unreadable" in log.lines[0]
     store.forget("fp")  # a folder is not unlinked; forgetting it is not fatal either
+
+
+async def test_a_relisted_snapshot_is_written_with_the_lists_as_listed(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The lists whose pages are the snapshot's are written as the upstream's own bytes
+    (`KnownItems.encoded`): the file still loads to exactly the snapshot's lists."""
+    server = FakeServer([tool("a"), tool("b")])
+    store = FileSnapshotStore(tmp_path / "snapshots", Logs())
+    pool = make_pool(nursery, FakeNet(srv=server))
+    pool._snapshots = store
+    with trio.fail_after(5):
+        handle = await pool.acquire(IDENTITY, SETTINGS, "s1", Listener())
+    entry = handle.entry
+
+    async def written(names: list[str]) -> StoredSnapshot:
+        with trio.fail_after(5):
+            while True:
+                loaded = store.load(entry.identity.fingerprint)
+                if loaded is not None and [t["name"] for t in loaded.tools] == names:
+                    return loaded
+                await trio.sleep(0.01)
+
+    assert (await written(["a", "b"])).tools == list(entry.snapshot.tools)
+    server.tools = [tool("a"), tool("b", "changed"), tool("c")]
+    server.upstreams[-1].list_changed()
+    loaded = await written(["a", "b", "c"])
+    assert loaded.tools == list(entry.snapshot.tools)
+    assert loaded.tools[1]["description"] == "changed"
+    assert from_record(loaded, 0).tools == entry.snapshot.tools

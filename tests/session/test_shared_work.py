@@ -310,3 +310,51 @@ def test_common_ends_are_the_longest_shared_ends_by_identity(
     room = min(len(a), len(b))
     assert head == room or a[head] is not b[head] or head + tail == room
     assert tail == room - head or a[len(a) - 1 - tail] is not b[len(b) - 1 - tail]
+
+
+async def test_relists_through_the_pages_delta_tell_each_view_what_its_own_view_warrants(
+    nursery: trio.Nursery,
+) -> None:
+    """Upstream relists (each page compared with the last listing's bytes, pool/_reuse.py),
+    sessions with different views on one entry: each hears of a change only when its own view
+    changed, and serves the pages a session attached afresh serves."""
+    server = FakeServer([tool(f"t{i:02}") for i in range(40)])
+    pool = make_pool(nursery, FakeNet(srv=server))
+    every = [await attach(nursery, pool, {"srv": stdio()}, f"s{i}", page_size=7) for i in range(3)]
+    narrow, narrow_out = await attach(
+        nursery, pool, {"srv": stdio(includeTools=["t05"])}, "n", page_size=7
+    )
+    entry = entry_of(narrow, "srv")
+
+    async def relisted(tools: list[Any]) -> None:
+        before = entry.snapshot
+        server.tools = tools
+        server.upstreams[-1].list_changed()
+        with trio.fail_after(5):
+            while entry.snapshot is before:
+                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+
+    changes: list[tuple[list[Any], bool, bool]] = [
+        # (the new list, whether the full views changed, whether the narrow one did)
+        ([*server.tools, tool("t40")], True, False),  # one added at the end
+        ([tool(f"t{i:02}") for i in range(41) if i != 20], True, False),  # one in the middle gone
+        ([tool(f"t{i:02}", "new" if i == 5 else "") for i in range(41) if i != 20], True, True),
+        ([tool(f"t{i:02}", "new" if i == 5 else "") for i in range(41) if i != 20], False, False),
+    ]
+    for i, (tools, full, only) in enumerate(changes):
+        for _, out in [*every, (narrow, narrow_out)]:
+            out.frames.clear()
+        await relisted(tools)
+        told = ["notifications/tools/list_changed"]
+        for _, out in every:
+            assert out.notifications() == (told if full else []), i
+        assert narrow_out.notifications() == (told if only else []), i
+        fresh, fresh_out = await attach(nursery, pool, {"srv": stdio()}, f"fresh{i}", page_size=7)
+        expected = walk(fresh, fresh_out, "tools/list", "tools")
+        for session, out in every:
+            assert walk(session, out, "tools/list", "tools") == expected
+        # What the upstream listed last, as a decode from scratch gives it.
+        assert [t for p in expected for t in p["tools"]] == [
+            {**t, "name": f"srv__{t['name']}", "_meta": {"mcpool/server": "srv"}} for t in tools
+        ]

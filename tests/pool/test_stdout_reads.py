@@ -1,0 +1,69 @@
+"""An upstream's stdout read several chunks per wake-up (`READS_PER_WAKE`), and a server that
+sends large messages given a larger pipe (`BIG_PIPE`): every message still arrives whole, in
+order, however the writes split them."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from typing import Any
+
+import trio
+from fakes import stdio
+from msgspec import Raw, UnsetType
+
+from mcpool.pool import identity_of
+from mcpool.pool._upstream import BIG_MESSAGE, BIG_PIPE, StdioUpstream
+from mcpool.protocol import Message
+
+STEP_TIMEOUT = 10.0  # local pipe traffic of a few MB: only turns a hang into a failure
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_notification(self, method: str, params: Raw | UnsetType) -> None:
+        self.seen.append(json.loads(bytes(params)) if isinstance(params, Raw) else None)
+
+    def on_server_request(self, upstream: Any, msg: Message) -> None:
+        raise AssertionError("no server requests here")
+
+
+def note(n: int, size: int) -> bytes:
+    message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}}
+    message["params"]["pad"] = "x" * size
+    return json.dumps(message).encode() + b"\n"
+
+
+async def test_large_and_small_messages_arrive_whole_and_in_order() -> None:
+    sink = Sink()
+    up = StdioUpstream(
+        identity_of("up", stdio()), sink, guardian=None, max_line=8 << 20, handshake_timeout=30
+    )
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    sizes = [10, 700_000, 5, 3, 1_500_000, 200_000, 1]
+    data = b"".join(note(n, size) for n, size in enumerate(sizes))
+
+    def write_all() -> None:
+        view = memoryview(data)
+        for at in range(0, len(data), 100_003):  # writes that split messages anywhere
+            os.write(w, view[at : at + 100_003])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(up._read_stdout, r)
+        with trio.fail_after(STEP_TIMEOUT):
+            await trio.to_thread.run_sync(write_all)
+            while len(sink.seen) < len(sizes):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert [m["n"] for m in sink.seen] == list(range(len(sizes)))
+    assert [len(m["pad"]) for m in sink.seen] == sizes
+    assert max(sizes) > BIG_MESSAGE
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if get_size is not None:  # Linux: a server that sent large messages has the larger pipe
+        assert fcntl.fcntl(w, get_size) >= BIG_PIPE
+    os.close(r)
+    os.close(w)
