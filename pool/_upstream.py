@@ -229,33 +229,31 @@ class Upstream:
                 self.name, f"server '{self.name}' is not running", **self._details()
             )
         uid = self._next_id
-        self._next_id += 1
+        self._next_id = uid + 1
         if self.era is _eras.MODERN and method in _eras.LOCAL_ON_MODERN:
             self._answer_locally(uid, method, params, on_reply)
             return uid
-        self._pending[uid] = on_reply
+        pending = self._pending
+        pending[uid] = on_reply
         if bounded:
-            self._add_deadline(uid, method)
+            # The request's deadline (inlined: every request has one).
+            limit = self.request_timeout
+            clock = self._clock
+            if clock is None:
+                # The run's clock, asked once: trio.current_time() goes through three calls to
+                # get to it, on every request (a MockClock in tests is the run's clock as well).
+                clock = self._clock = trio.lowlevel.current_clock()
+            deadline = clock.current_time() + limit
+            heap = self._deadlines
+            if not heap or deadline < heap[0][0]:
+                self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
+            elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
+                heap[:] = [d for d in heap if d[1] in pending]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (deadline, uid, method, limit))
         # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
         self._write(request(uid, method) if params is UNSET else request_line(uid, method, params))
         return uid
-
-    def _add_deadline(self, uid: int, method: str) -> None:
-        limit = self.request_timeout
-        clock = self._clock
-        if clock is None:
-            # The run's clock, asked once: trio.current_time() goes through three calls to get
-            # to it, on every request (a MockClock in tests is the run's clock as well).
-            clock = self._clock = trio.lowlevel.current_clock()
-        deadline = clock.current_time() + limit
-        heap = self._deadlines
-        if not heap or deadline < heap[0][0]:
-            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-        elif len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
-            pending = self._pending
-            heap[:] = [d for d in heap if d[1] in pending]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, uid, method, limit))
 
     def expire_requests(self, now: float) -> float:
         """Answer every pending request whose deadline passed with an UPSTREAM_TIMEOUT error
@@ -624,6 +622,23 @@ class Upstream:
         except McpoolError:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
             return
+        if (
+            decoded.__class__ is Message
+            and decoded.method is UNSET
+            and self.era is not _eras.MODERN
+        ):
+            # The hot path, the loop below for one response of a handshake-era server (no
+            # listen frames): its callback, fenced the same way.
+            try:
+                if isinstance(decoded.id, int):
+                    cb = self._pending.pop(decoded.id, None)
+                    if cb is not None:
+                        cb(decoded)
+                        if self._settled is not None:
+                            self._check_settled()
+            except Exception as exc:
+                self._dispatch_failed(exc)
+            return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
             # This is the reader task every session of this server depends on: whatever a
             # callback raises (sessions fence their own; this is the last line) is recorded
@@ -654,8 +669,11 @@ class Upstream:
                 else:
                     self._events.on_server_request(self, msg)
             except Exception as exc:
-                trace = "".join(traceback.format_exception(exc)).rstrip()
-                self.stderr_tail.append(f"[mcpool] internal error dispatching a message: {trace}")
+                self._dispatch_failed(exc)
+
+    def _dispatch_failed(self, exc: Exception) -> None:
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self.stderr_tail.append(f"[mcpool] internal error dispatching a message: {trace}")
 
     def _fail_pending(self) -> None:
         if not self._pending:

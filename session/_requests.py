@@ -50,7 +50,7 @@ from ._eras import (
     opens_modern,
     strip_envelope,
 )
-from ._flight import _encoder, _Listen, request_id
+from ._flight import _encoder, _InFlight, _Listen, request_id
 from ._forwarding import LOG_LEVELS
 from ._generations import SessionGenerations
 
@@ -158,6 +158,8 @@ class SessionRequests(SessionGenerations):
             p = decode_params(msg.params)
             if self.era is not HANDSHAKE:
                 self._check_era(method, p)
+            elif kind is _params.ToolsCall and self._tools_call_direct(msg, p):
+                return
             handler(self, msg, p, _params.typed(p, kind))
         except McpoolError as exc:
             if msg.is_request:
@@ -401,6 +403,55 @@ class SessionRequests(SessionGenerations):
             self._check_param_headers(name, p.get("arguments"), self.request_headers)
         p["name"] = route.upstream_name
         self._forward(msg, route.view, "tools/call", p, t.meta)
+
+    def _tools_call_direct(self, msg: Message, p: dict[str, Any]) -> bool:
+        """A handshake-era session's tools/call on the common path, forwarded as
+        `_tools_call` and `_forward` would, in one frame instead of seven (the hot path: every
+        call); False, having changed nothing, for anything else, which the general path then
+        serves (and answers when it is wrong).
+
+        The common path: params typed as `_params.ToolsCall` would accept them (a string
+        `name`, `arguments` an object or null, `_meta` an object without a progressToken, or
+        null), a tool this session may call, on a running handshake-era server, no Mcp-Param-*
+        headers to check. The checks are `typed`'s on exactly those members: JSON gives
+        nothing but exact `str`, `dict`, `list`, numbers, bools and None.
+        """
+        name = p.get("name")
+        if name.__class__ is not str or self.request_headers is not None:
+            return False
+        arguments = p.get("arguments")
+        if arguments is not None and arguments.__class__ is not dict:
+            return False
+        meta = p.get("_meta")
+        if meta is not None and (meta.__class__ is not dict or "progressToken" in meta):
+            return False
+        gen = self.registry
+        hit = gen.agg.tool_routes.get(name)  # `tool_route` and `_allows`, inlined
+        if hit is None:
+            return False
+        view = gen.views[hit[0]]
+        handle = view.handle
+        upstream_name = hit[1]
+        if (
+            handle is None
+            or handle.released
+            or self.views.get(view.name) is not view
+            or not view.key.allows(upstream_name)
+        ):
+            return False
+        upstream = handle.entry.upstream
+        if upstream is None or upstream.era == MODERN or not upstream.alive:
+            return False
+        p["name"] = upstream_name
+        client_id = msg.id
+        flight = _InFlight(self, client_id, handle, upstream)
+        self.inflight[client_id] = flight
+        try:
+            flight.uid = upstream.send_request("tools/call", _encoder.encode(p), flight)
+        except BaseException:
+            flight.finish()  # whatever failed, the request is not in flight
+            raise
+        return True
 
     def _check_param_headers(self, name: str, arguments: Any, headers: dict[str, str]) -> None:
         """2026-07-28 over HTTP: the Mcp-Param-* headers must agree with the arguments for the
