@@ -228,31 +228,59 @@ class Upstream:
             raise UpstreamClosed(
                 self.name, f"server '{self.name}' is not running", **self._details()
             )
+        if params is not UNSET and bounded and self.era is not _eras.MODERN:
+            return self.send_checked(method, params, on_reply)
         uid = self._next_id
         self._next_id = uid + 1
         if self.era is _eras.MODERN and method in _eras.LOCAL_ON_MODERN:
             self._answer_locally(uid, method, params, on_reply)
             return uid
+        self._pending[uid] = on_reply
+        if bounded:
+            self._add_deadline(uid, method)
+        self._write(request(uid, method) if params is UNSET else request_line(uid, method, params))
+        return uid
+
+    def _add_deadline(self, uid: int, method: str) -> None:
+        limit = self.request_timeout
+        clock = self._clock
+        if clock is None:
+            # The run's clock, asked once: trio.current_time() goes through three calls to get
+            # to it, on every request (a MockClock in tests is the run's clock as well).
+            clock = self._clock = trio.lowlevel.current_clock()
+        deadline = clock.current_time() + limit
+        heap = self._deadlines
+        if not heap or deadline < heap[0][0]:
+            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
+        elif len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+            pending = self._pending
+            heap[:] = [d for d in heap if d[1] in pending]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, uid, method, limit))
+
+    def send_checked(self, method: str, params: Raw | bytes, on_reply: ReplyCallback) -> int:
+        """`send_request` of a bounded request with params, for a caller that found this
+        connection `alive` and handshake-era just before (a session forwarding a call: the hot
+        path, which skips those checks here)."""
+        uid = self._next_id
+        self._next_id = uid + 1
         pending = self._pending
         pending[uid] = on_reply
-        if bounded:
-            # The request's deadline (inlined: every request has one).
-            limit = self.request_timeout
-            clock = self._clock
-            if clock is None:
-                # The run's clock, asked once: trio.current_time() goes through three calls to
-                # get to it, on every request (a MockClock in tests is the run's clock as well).
-                clock = self._clock = trio.lowlevel.current_clock()
-            deadline = clock.current_time() + limit
-            heap = self._deadlines
-            if not heap or deadline < heap[0][0]:
-                self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-            elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
-                heap[:] = [d for d in heap if d[1] in pending]
-                heapq.heapify(heap)
-            heapq.heappush(heap, (deadline, uid, method, limit))
+        # `_add_deadline`, inlined.
+        limit = self.request_timeout
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = trio.lowlevel.current_clock()
+        deadline = clock.current_time() + limit
+        heap = self._deadlines
+        if not heap or deadline < heap[0][0]:
+            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
+        elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
+            heap[:] = [d for d in heap if d[1] in pending]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, uid, method, limit))
         # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
-        self._write(request(uid, method) if params is UNSET else request_line(uid, method, params))
+        self._write(request_line(uid, method, params))
         return uid
 
     def expire_requests(self, now: float) -> float:

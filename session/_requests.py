@@ -448,7 +448,7 @@ class SessionRequests(SessionGenerations):
         flight = _InFlight(self, client_id, handle, upstream)
         self.inflight[client_id] = flight
         try:
-            flight.uid = upstream.send_request("tools/call", _encoder.encode(call), flight)
+            flight.uid = upstream.send_checked("tools/call", _encoder.encode(call), flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise
