@@ -9,6 +9,10 @@ then converted into the method's Struct below (what mcpool reads: `name`, `uri`,
 notification is dropped (the session logs it). Pass-through payloads (`arguments`, a prompt's
 `arguments`) are only checked to be objects, as the MCP schema says, and stay as they came.
 
+A handshake-era session's common tools/call skips the dict: its params decode straight into
+`PlainToolsCall`, which types the same members and is what gets forwarded (members it does not
+know make it fail to decode, and the general path above serves the call).
+
 Notifications that are never forwarded as a whole (notifications/cancelled, a client's
 notifications/progress) are decoded straight from their raw params with the module-level
 decoders here, without the intermediate dict.
