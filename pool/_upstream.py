@@ -238,6 +238,7 @@ class Upstream:
         self._pending[uid] = on_reply
         if bounded:
             self._add_deadline(uid, method)
+        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
         self._write(request(uid, method) if params is UNSET else request_line(uid, method, params))
         return uid
 
