@@ -242,8 +242,10 @@ class Upstream:
             raise UpstreamClosed(
                 self.name, f"server '{self.name}' is not running", **self._details()
             )
+        if params is not UNSET and bounded and self.era is not _eras.MODERN:
+            return self.send_checked(method, params, on_reply)
         uid = self._next_id
-        self._next_id += 1
+        self._next_id = uid + 1
         if self.era is _eras.MODERN and method in _eras.LOCAL_ON_MODERN:
             self._answer_locally(uid, method, params, on_reply)
             return uid
@@ -270,6 +272,31 @@ class Upstream:
             heap[:] = [d for d in heap if d[1] in pending]
             heapq.heapify(heap)
         heapq.heappush(heap, (deadline, uid, method, limit))
+
+    def send_checked(self, method: str, params: Raw | bytes, on_reply: ReplyCallback) -> int:
+        """`send_request` of a bounded request with params, for a caller that found this
+        connection `alive` and handshake-era just before (a session forwarding a call: the hot
+        path, which skips those checks here)."""
+        uid = self._next_id
+        self._next_id = uid + 1
+        pending = self._pending
+        pending[uid] = on_reply
+        # `_add_deadline`, inlined.
+        limit = self.request_timeout
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = trio.lowlevel.current_clock()
+        deadline = clock.current_time() + limit
+        heap = self._deadlines
+        if not heap or deadline < heap[0][0]:
+            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
+        elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
+            heap[:] = [d for d in heap if d[1] in pending]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, uid, method, limit))
+        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
+        self._write(request_line(uid, method, params))
+        return uid
 
     def expire_requests(self, now: float) -> float:
         """Answer every pending request whose deadline passed with an UPSTREAM_TIMEOUT error
@@ -673,6 +700,23 @@ class Upstream:
         except McpoolError:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
             return
+        if (
+            decoded.__class__ is Message
+            and decoded.method is UNSET
+            and self.era is not _eras.MODERN
+        ):
+            # The hot path, the loop below for one response of a handshake-era server (no
+            # listen frames): its callback, fenced the same way.
+            try:
+                if isinstance(decoded.id, int):
+                    cb = self._pending.pop(decoded.id, None)
+                    if cb is not None:
+                        cb(decoded)
+                        if self._settled is not None:
+                            self._check_settled()
+            except Exception as exc:
+                self._dispatch_failed(exc)
+            return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
             # This is the reader task every session of this server depends on: whatever a
             # callback raises (sessions fence their own; this is the last line) is recorded
@@ -703,8 +747,11 @@ class Upstream:
                 else:
                     self._events.on_server_request(self, msg)
             except Exception as exc:
-                trace = "".join(traceback.format_exception(exc)).rstrip()
-                self.stderr_tail.append(f"[mcpool] internal error dispatching a message: {trace}")
+                self._dispatch_failed(exc)
+
+    def _dispatch_failed(self, exc: Exception) -> None:
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self.stderr_tail.append(f"[mcpool] internal error dispatching a message: {trace}")
 
     def _fail_pending(self) -> None:
         if not self._pending:

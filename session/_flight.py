@@ -117,6 +117,27 @@ class _InFlight:
         # unexpected failure here closes this session only (see the module docstring).
         s = self.session
         try:
+            if (
+                self.plan is None
+                and self.held is None
+                and self.params is None
+                and self.batch is None
+                and self.progress is None
+                and msg.error is UNSET
+            ):
+                # The hot path: a result passed back as it came, outside any batch; `finish`,
+                # inlined.
+                inflight = s.inflight
+                if inflight.get(self.client_id) is self:
+                    del inflight[self.client_id]
+                if self.uid >= 0:
+                    self.handle.in_flight -= 1
+                    self.uid = -1
+                if s.closed:
+                    return
+                result = msg.result
+                s.send(response_line(self.client_id, result if result is not UNSET else _EMPTY))
+                return
             if self.held is not None:
                 s._held_answered(self, msg)
                 if not self.held.waiting:
@@ -128,10 +149,6 @@ class _InFlight:
                 return
             plan = self.plan
             result = msg.result
-            if plan is None and self.params is None and self.batch is None and msg.error is UNSET:
-                # The hot path: a result passed back as it came, outside any batch.
-                s.send(response_line(self.client_id, result if result is not UNSET else _EMPTY))
-                return
             if msg.error is not UNSET:
                 error = msg.error
                 wrong = _params.malformed_error(error)  # the error path only: off the hot path

@@ -9,6 +9,10 @@ then converted into the method's Struct below (what mcpool reads: `name`, `uri`,
 notification is dropped (the session logs it). Pass-through payloads (`arguments`, a prompt's
 `arguments`) are only checked to be objects, as the MCP schema says, and stay as they came.
 
+A handshake-era session's common tools/call skips the dict: its params decode straight into
+`PlainToolsCall`, which types the same members and is what gets forwarded (members it does not
+know make it fail to decode, and the general path above serves the call).
+
 Notifications that are never forwarded as a whole (notifications/cancelled, a client's
 notifications/progress) are decoded straight from their raw params with the module-level
 decoders here, without the intermediate dict.
@@ -66,6 +70,18 @@ class ToolsCall(Struct, gc=False):
     name: str
     arguments: dict[str, Any] | None = None
     meta: RequestMeta | None = field(default=None, name="_meta")
+
+
+class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    """The common tools/call params, typed straight from their bytes and re-encoded from this
+    Struct (the hot path: `SessionRequests._tools_call_direct`): only these members, each as
+    `ToolsCall` reads it; `_meta` decoded whole, since it is forwarded as it came. Anything
+    else (another member, a wrong type) does not decode, and the general path serves it.
+    gc=False: JSON values cannot refer back to the Struct."""
+
+    name: str
+    arguments: dict[str, Any] | UnsetType | None = UNSET
+    meta: dict[str, Any] | UnsetType | None = field(default=UNSET, name="_meta")
 
 
 class PromptsGet(Struct, gc=False):
@@ -163,6 +179,7 @@ class ErrorMember(Struct, gc=False):
 
 T = TypeVar("T")
 
+plain_tools_call_decoder = msgspec.json.Decoder(PlainToolsCall)
 _cancelled_decoder = msgspec.json.Decoder(Cancelled)
 _progress_decoder = msgspec.json.Decoder(Progress)
 _log_decoder = msgspec.json.Decoder(LogMessage)
@@ -249,6 +266,7 @@ __all__ = [
     "ListPage",
     "Listen",
     "Plain",
+    "PlainToolsCall",
     "ProgressToken",
     "PromptRef",
     "PromptsGet",

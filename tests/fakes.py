@@ -210,6 +210,11 @@ class FakeUpstream:
         self._pending[uid] = on_reply
         return uid
 
+    def send_checked(
+        self, method: str, params: Raw | bytes, on_reply: Callable[[Message], None]
+    ) -> int:
+        return self.send_request(method, params, on_reply)
+
     def reply(self, uid: int, result: Any) -> None:
         self._pending.pop(uid)(
             Message(jsonrpc="2.0", id=uid, result=Raw(msgspec.json.encode(result)))

@@ -192,3 +192,24 @@ class _Listener:
 
     def server_request(self, entry: Any, upstream: Any, msg: Any) -> None:
         return None
+
+
+async def test_send_checked_is_send_request_without_its_checks_a_line_and_a_deadline_alike(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The direct tools/call path's send: the same wire line, the same id sequence, the same
+    # deadline as `send_request` (which takes this way itself for such a request).
+    up = WireUpstream()
+    nursery.start_soon(up._expire_requests)
+    up.request_timeout = 5.0
+    checked, general = Replies(), Replies()
+    first = up.send_checked("tools/call", b'{"name":"a"}', checked)
+    second = up.send_request("tools/call", b'{"name":"a"}', general)
+    assert second == first + 1
+    assert [m["params"] for m in up.wire] == [{"name": "a"}, {"name": "a"}]
+    assert [m["id"] for m in up.wire] == [first, second]
+    await trio.sleep(5.0 - EPSILON)
+    assert checked.got == general.got == []
+    await trio.sleep(2 * EPSILON)
+    assert checked.error()["data"]["timeout"] == general.error()["data"]["timeout"] == 5.0
+    assert [c["requestId"] for c in up.cancels()] == [first, second]
