@@ -310,16 +310,22 @@ class KnownItems:
         """`listed` (what the last listing gave: every item of its pages) as a JSON array made
         of the pages' own bytes (one copy, no encoding; it decodes to equal values), or None
         when it is not that listing or a page's items were not located."""
+        parts = self.encoded_parts(listed)
+        return None if parts is None else msgspec.Raw(b"".join(parts))
+
+    def encoded_parts(self, listed: tuple[Any, ...]) -> tuple[bytes | memoryview, ...] | None:
+        """`encoded(listed)` as the pieces that make it, views of the pages' bytes (no copy:
+        a writer writes them as they are)."""
         if listed is not self._listed or not all(p.starts for p in self._pages if p.items):
             return None
-        parts: list[Any] = [b"["]
+        parts: list[bytes | memoryview] = [b"["]
         for page in self._pages:
             if page.items:
                 if len(parts) > 1:
                     parts.append(b",")
                 parts.append(memoryview(page.data)[page.starts[0] : page.ends[-1]])
         parts.append(b"]")
-        return msgspec.Raw(b"".join(parts))
+        return tuple(parts)
 
     def __len__(self) -> int:
         return sum(len(page.items) for page in self._pages) - len(self._unaccepted)
