@@ -136,6 +136,17 @@ def _array_offsets(
     return list(map(operator.sub, ends, lengths)), ends
 
 
+def _spliced(old: list[Any], first: int, last: int, middle: list[Any], shift: int = 0) -> list[Any]:
+    """`old` with items first..last replaced by `middle`, and the items after them plus
+    `shift` (offsets: the ones after a change move with it). One C copy and a slice
+    assignment: slices concatenated copied the 5,000 unchanged items twice."""
+    out = old.copy()
+    out[first:last] = middle
+    if shift and last < len(old):
+        out[len(out) - (len(old) - last) :] = map(shift.__add__, old[last:])
+    return out
+
+
 class KnownItems:
     """One list's (tools/list, ...) decoded items of its last complete listing, by page."""
 
@@ -218,13 +229,12 @@ class KnownItems:
         starts, ends = _offsets(data, keys, cut)
         known = self._lookup(old, head, n - tail) if keys else {}
         middle = [self._item(key, known) for key in keys]
-        kept = slice(n - tail, n)
         return _Page(
             data,
-            old.starts[:head] + starts + [s + shift for s in old.starts[kept]],
-            old.ends[:head] + ends + [e + shift for e in old.ends[kept]],
-            old.keys[:head] + keys + old.keys[kept],
-            old.items[:head] + middle + old.items[kept],
+            _spliced(old.starts, head, n - tail, starts, shift),
+            _spliced(old.ends, head, n - tail, ends, shift),
+            _spliced(old.keys, head, n - tail, keys),
+            _spliced(old.items, head, n - tail, middle),
             parsed.nextCursor,
         )
 

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import PoolEntry, identity_of
-from mcpool.pool._reuse import KnownItems
+from mcpool.pool._reuse import KnownItems, _spliced
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=4),
@@ -251,3 +251,21 @@ def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept()
     again = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
     known.finish((again[0],))
     assert known.encoded((again[0],)) is None  # an item was left out: not the pages' bytes
+
+
+@given(
+    old=st.lists(st.integers(0, 1000), max_size=12),
+    bounds=st.tuples(st.integers(0, 12), st.integers(0, 12)),
+    middle=st.lists(st.integers(0, 1000), max_size=4),
+    shift=st.integers(-50, 50),
+)
+def test_a_spliced_page_list_is_the_concatenation_it_replaces(
+    old: list[int], bounds: tuple[int, int], middle: list[int], shift: int
+) -> None:
+    """`_spliced` (one copy and a slice assignment) gives what slicing and concatenating gave:
+    the items before, the new middle, the items after moved by `shift`."""
+    first = min(bounds[0], len(old))
+    last = max(first, min(bounds[1], len(old)))
+    expected = old[:first] + middle + [x + shift for x in old[last:]]
+    assert _spliced(old, first, last, middle, shift) == expected
+    assert _spliced(old, first, last, middle) == old[:first] + middle + old[last:]
