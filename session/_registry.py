@@ -395,13 +395,9 @@ def build_candidate(
     move_key: _MoveKey = ()
     move = None
     if previous is not None and previous.views == held and moves is not None:
-        # The same views as before (a relist, the common move): view i served part i.
-        old_parts, old_good = previous.agg.projections, previous.good
-        move_key = (
-            *map(id, [f[0] for f in fresh]),
-            *map(id, old_parts),
-            *(0 if g is None else id(g) for g in old_good),
-        )
+        # The same views as before (a relist, the common move): view i served part i, the
+        # previous aggregate's (whose moves these are, so the key need not name them).
+        move_key = (*[id(f[0]) for f in fresh], *map(id, previous.good))
         move = moves.get(move_key)
     if move is None:
         before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -50,6 +50,8 @@ class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
 # different snapshots. The key holds the entry only while some projection of it is alive.
 _ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool, int]
 _cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
+# Its key -> weak reference table, read directly on the hot path (typeshed omits `data`).
+_cache_refs: dict[_ProjectionKey, Callable[[], Projection | None]] = _cache.data  # type: ignore[attr-defined]
 
 
 def project(
@@ -214,7 +216,9 @@ def shared_projection(
     budget: int = MAX_NAME,
 ) -> Projection:
     cache_key = (entry, snapshot.generation, key, server, prefix, budget)
-    found = _cache.get(cache_key)
+    # (The weak dictionary's own `get` is Python: one frame more per view per change.)
+    ref = _cache_refs.get(cache_key)
+    found = ref() if ref is not None else None
     if found is None:
         latest_key = (entry, key, server, prefix, budget)
         previous = _latest.get(latest_key)
