@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 PRIVATE_MODE = 0o600
@@ -35,9 +36,9 @@ def open_private(path: Path | str, flags: int) -> int:
     return fd
 
 
-def write_private(path: Path | str, data: bytes) -> Path:
-    """Replace `path` (or create it) with `data`, mode 0600, atomically; the path written (a
-    symlink's target)."""
+def write_private(path: Path | str, data: bytes | Sequence[bytes | memoryview]) -> Path:
+    """Replace `path` (or create it) with `data` (or the pieces that, joined, make it), mode
+    0600, atomically; the path written (a symlink's target)."""
     target = Path(os.path.realpath(path))
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     for _ in range(_TEMP_ATTEMPTS):
@@ -51,7 +52,10 @@ def write_private(path: Path | str, data: bytes) -> Path:
         raise FileExistsError(f"no free temporary name next to {target}")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                f.writelines(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import trio
 
-from mcpool.pool import SNAPSHOT_FORMAT, StoredSnapshot
+from mcpool.pool import SNAPSHOT_FORMAT, EncodedList, StoredSnapshot
 
 from ._files import read_bounded, write_private
 
@@ -33,6 +33,30 @@ SUFFIX = ".json"
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(StoredSnapshot)
+
+
+# Where an encoded list goes in the record's encoding: a raw NUL byte, which msgspec's JSON
+# never holds (a string's control characters are escaped).
+_SLOT = msgspec.Raw(b"\x00")
+
+
+def encode_record(
+    record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None
+) -> list[bytes | memoryview]:
+    """The record's JSON as pieces, `encoded`'s lists in them as they are (views of the pages'
+    bytes): joined, they are the record encoded with those lists. A 5,000-tool list copied into
+    one buffer, then again into the record's, was 0.5 ms of loop time per list_changed."""
+    if not encoded:
+        return [_encoder.encode(record)]
+    # The fields in the order the record encodes them.
+    fields = [f for f in record.__struct_fields__ if f in encoded]
+    slotted = msgspec.structs.replace(record, **dict.fromkeys(fields, _SLOT))
+    head, *rest = _encoder.encode(slotted).split(b"\x00")
+    pieces: list[bytes | memoryview] = [head]
+    for field, tail in zip(fields, rest, strict=True):
+        pieces.extend(encoded[field])
+        pieces.append(tail)
+    return pieces
 
 
 def snapshot_file_name(fingerprint: str) -> str:
@@ -95,14 +119,15 @@ class FileSnapshotStore:
         return None
 
     async def save(
-        self, record: StoredSnapshot, encoded: Mapping[str, msgspec.Raw] | None = None
+        self, record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None = None
     ) -> None:
         # `encoded` lists are the upstream's bytes of the same items: written as they are.
-        data = _encoder.encode(msgspec.structs.replace(record, **encoded) if encoded else record)
-        if len(data) > MAX_SNAPSHOT_FILE_BYTES:
+        data = encode_record(record, encoded)
+        size = sum(len(part) for part in data)
+        if size > MAX_SNAPSHOT_FILE_BYTES:
             self.log(
                 "info",
-                f"snapshot of {record.server_name or 'a server'} not kept: {len(data)} bytes",
+                f"snapshot of {record.server_name or 'a server'} not kept: {size} bytes",
             )
             return
         path = self.path_for(record.fingerprint)
@@ -111,7 +136,7 @@ class FileSnapshotStore:
         except OSError as exc:
             self.log("warning", f"snapshot cache file {path} not written: {exc}", file=str(path))
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: Path, data: Sequence[bytes | memoryview]) -> None:
         write_private(path, data)
         files: list[tuple[str, float, int]] = []
         with os.scandir(self.folder) as it:

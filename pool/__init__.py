@@ -28,6 +28,7 @@ from ._pool import (
 )
 from ._snapshots import (
     SNAPSHOT_FORMAT,
+    EncodedList,
     MemorySnapshotStore,
     SnapshotStore,
     StoredSnapshot,
@@ -48,6 +49,7 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "TERMINAL_STATES",
     "Discovered",
+    "EncodedList",
     "EntryEvent",
     "EntryKey",
     "EntryListener",

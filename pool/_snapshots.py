@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import msgspec
-from msgspec import Raw
 
 from ._entry import Snapshot
+
+# A list already encoded as JSON: the pieces (the upstream's page bytes) that, joined, make it.
+EncodedList = tuple[bytes | memoryview, ...]
 
 # Bumped when the record's meaning changes: a record of another format is ignored, not decoded.
 SNAPSHOT_FORMAT = 1
@@ -58,9 +60,11 @@ class SnapshotStore(Protocol):
 
     def load(self, fingerprint: str) -> StoredSnapshot | None: ...
 
-    async def save(self, record: StoredSnapshot, encoded: Mapping[str, Raw] | None = None) -> None:
+    async def save(
+        self, record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None = None
+    ) -> None:
         """Keep `record`; `encoded`: some of its list fields (by attribute name) as JSON
-        already, to be written as they are."""
+        already (the pieces that, joined, make it), to be written as they are."""
 
     def forget(self, fingerprint: str) -> None: ...
 
@@ -74,7 +78,9 @@ class MemorySnapshotStore:
     def load(self, fingerprint: str) -> StoredSnapshot | None:
         return self.records.get(fingerprint)
 
-    async def save(self, record: StoredSnapshot, encoded: Mapping[str, Raw] | None = None) -> None:
+    async def save(
+        self, record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None = None
+    ) -> None:
         self.records[record.fingerprint] = record
 
     def forget(self, fingerprint: str) -> None:

@@ -916,24 +916,42 @@ class StdioUpstream(Upstream):
             # `read_some`, inlined: one coroutine less per message every session of this
             # server waits on.
             await trio.lowlevel.wait_readable(fd)
-            for _ in range(READS_PER_WAKE):
-                try:
-                    data = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno not in READ_GONE:
-                        raise
-                    data = b""
-                if not data:
-                    # Usually the process is exiting: its status makes the error much clearer.
-                    with trio.move_on_after(EXIT_STATUS_WAIT):
-                        await self._exited.wait()
-                    if self.closed_reason is None:
-                        self.closed_reason = "closed its stdout"
-                    self._fail_pending()
-                    self._close_requested.set()
-                    return
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno not in READ_GONE:
+                    raise
+                data = b""
+            ended = not data
+            if len(data) == READ_CHUNK:
+                # More may be waiting: up to READS_PER_WAKE chunks are read in this pass and
+                # framed at once (a 605 KB message fed 64 KB at a time grew the framer's
+                # buffer ten times: 0.3 ms against 0.07 ms).
+                chunks = [data]
+                size = len(data)
+                for _ in range(READS_PER_WAKE - 1):
+                    if not widened and framer.pending() + size > BIG_MESSAGE:
+                        widened = True
+                        _widen_pipe(fd)
+                    try:
+                        data = os.read(fd, READ_CHUNK)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if exc.errno not in READ_GONE:
+                            raise
+                        data = b""
+                    if not data:
+                        ended = True
+                        break
+                    chunks.append(data)
+                    size += len(data)
+                    if len(data) < READ_CHUNK:
+                        break  # the pipe is empty (for now)
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if data:
                 try:
                     lines = feed(data)
                 except _MessageTooLarge:
@@ -941,11 +959,15 @@ class StdioUpstream(Upstream):
                     return
                 for line in lines:
                     dispatch(line)
-                if len(data) < READ_CHUNK:
-                    break  # the pipe is empty (for now)
-                if not widened and framer.pending() > BIG_MESSAGE:
-                    widened = True
-                    _widen_pipe(fd)
+            if ended:
+                # Usually the process is exiting: its status makes the error much clearer.
+                with trio.move_on_after(EXIT_STATUS_WAIT):
+                    await self._exited.wait()
+                if self.closed_reason is None:
+                    self.closed_reason = "closed its stdout"
+                self._fail_pending()
+                self._close_requested.set()
+                return
 
     async def _read_stderr(self, fd: int) -> None:
         buf = b""

@@ -10,7 +10,7 @@ made once and remembered, keyed weakly on both aggregates (it dies with either o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -25,8 +25,14 @@ _changes: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, tuple[st
 )
 
 
-def change_set(previous: _Canonical, new: _Canonical, kinds: Sequence[str]) -> tuple[str, ...]:
-    """The kinds (of `kinds`, in that order) whose canonical form differs between the two."""
+def change_set(
+    previous: _Canonical,
+    new: _Canonical,
+    kinds: Sequence[str],
+    known: Mapping[str, bool] | None = None,
+) -> tuple[str, ...]:
+    """The kinds (of `kinds`, in that order) whose canonical form differs between the two;
+    `known`: kinds already known equal (True) or not, by how one was made from the other."""
     if previous is new:
         return ()
     from_new = _changes.get(new)
@@ -34,6 +40,11 @@ def change_set(previous: _Canonical, new: _Canonical, kinds: Sequence[str]) -> t
         from_new = _changes[new] = weakref.WeakKeyDictionary()
     found = from_new.get(previous)
     if found is None:
-        found = tuple(k for k in kinds if new.canonical[k] != previous.canonical[k])
+        same = known or {}
+        found = tuple(
+            k
+            for k in kinds
+            if not (same[k] if k in same else new.canonical[k] == previous.canonical[k])
+        )
         from_new[previous] = found
     return found

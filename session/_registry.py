@@ -220,6 +220,13 @@ _projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, dict[str,
 
 _Item = tuple[str, str, dict[str, Any]]  # a projected item: (exposed, upstream, served)
 
+# Per projection whose tools' canonical table was patched from its predecessor's: that one, and
+# whether the two tables are equal (told by the middle alone; `change_set` then compares no
+# 5,000-entry tables).
+_tools_same: weakref.WeakKeyDictionary[Projection, tuple[weakref.ref[Projection], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
     found = _projection_canonical.get(proj)
@@ -240,6 +247,11 @@ def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
                 old,
                 lambda t: old[t[0]] if id(t) in kept else canonical_of(t[2]),
             )
+            if tools is not None:
+                # The rest of both tables is one copy: equal when the middles' entries are.
+                gone = {t[0]: old[t[0]] for t in before.tools[head : len(before.tools) - tail]}
+                came = {t[0]: tools[t[0]] for t in proj.tools[head : len(proj.tools) - tail]}
+                _tools_same[proj] = (weakref.ref(before), gone == came)
         if tools is None:
             tools = {exposed: canonical_of(t) for exposed, _, t in proj.tools}
         if (
@@ -383,13 +395,9 @@ def build_candidate(
     move_key: _MoveKey = ()
     move = None
     if previous is not None and previous.views == held and moves is not None:
-        # The same views as before (a relist, the common move): view i served part i.
-        old_parts, old_good = previous.agg.projections, previous.good
-        move_key = (
-            *map(id, [f[0] for f in fresh]),
-            *map(id, old_parts),
-            *(0 if g is None else id(g) for g in old_good),
-        )
+        # The same views as before (a relist, the common move): view i served part i, the
+        # previous aggregate's (whose moves these are, so the key need not name them).
+        move_key = (*[id(f[0]) for f in fresh], *map(id, previous.good))
         move = moves.get(move_key)
     if move is None:
         before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
@@ -412,7 +420,11 @@ def build_candidate(
         if agg is None:
             agg = _build_aggregate(views, projections)
             _aggregates[key] = agg
-        changes = () if previous is None else change_set(previous.agg, agg, LIST_KINDS)
+        changes = (
+            ()
+            if previous is None
+            else change_set(previous.agg, agg, LIST_KINDS, _known_same(previous.agg, agg))
+        )
         move = move._replace(
             agg=agg,
             changes=changes,
@@ -433,6 +445,26 @@ def build_candidate(
         rejected=move.rejections,
         changed=None if previous is None else move.changes,
     )
+
+
+def _known_same(before: Aggregate, after: Aggregate) -> dict[str, bool]:
+    """The kinds whose canonical tables are known equal or not without comparing them: the
+    tools of one server's aggregate whose table was patched from the one before's."""
+    if len(after.projections) != 1 or len(before.projections) != 1:
+        return {}
+    new, old = after.projections[0], before.projections[0]
+    link = _tools_same.get(new)
+    mine, theirs = _projection_canonical.get(new), _projection_canonical.get(old)
+    if (
+        link is None
+        or link[0]() is not old
+        or mine is None
+        or theirs is None
+        or after.canonical["tools"] is not mine["tools"]
+        or before.canonical["tools"] is not theirs["tools"]
+    ):
+        return {}
+    return {"tools": link[1]}
 
 
 def _choose(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -50,6 +50,8 @@ class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
 # different snapshots. The key holds the entry only while some projection of it is alive.
 _ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool, int]
 _cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
+# Its key -> weak reference table, read directly on the hot path (typeshed omits `data`).
+_cache_refs: dict[_ProjectionKey, Callable[[], Projection | None]] = _cache.data  # type: ignore[attr-defined]
 
 
 def project(
@@ -60,13 +62,17 @@ def project(
     prefix: bool = True,
     budget: int = MAX_NAME,
     previous: Projection | None = None,
+    kept: tuple[tuple[Any, ...], int, int] | None = None,
 ) -> Projection:
     """Pure: filter by the policy and clone each visible tool with its exposed name and _meta.
 
     `previous`: a projection of an earlier snapshot of the same entry through the same policy
     and names; an item that is the very object it projected (pool/_reuse.py keeps unchanged
     items' objects across relists) keeps its projected clone, so unchanged items stay the same
-    objects from end to end (issue 17)."""
+    objects from end to end (issue 17). `kept`: what the pool knows of `snapshot.tools`
+    (`KnownItems.kept`: the list before it, and how many items at its start and end are that
+    one's); when that list is the one `previous` projected whole, its ends are not compared
+    again."""
     sources = _sources.get(previous) if previous is not None else None
     reuse_prompts: dict[int, tuple[str, str, dict[str, Any]]] = {}
     head = tail = 0  # tools at either end that are the previous projection's, unchanged
@@ -74,7 +80,10 @@ def project(
     old_sources: tuple[dict[str, Any], ...] = ()
     if previous is not None and sources is not None:
         old_tools, old_sources = previous.tools, sources[0]
-        head, tail = common_ends(snapshot.tools, old_sources)
+        if kept is not None and kept[0] is old_sources:
+            head, tail = kept[1], kept[2]
+        else:
+            head, tail = common_ends(snapshot.tools, old_sources)
         reuse_prompts = dict(zip(map(id, sources[1]), previous.prompts, strict=True))
     # Only the middle is looked at item by item; its unchanged items still keep their clones.
     middle = snapshot.tools[head : len(snapshot.tools) - tail]
@@ -104,11 +113,16 @@ def project(
     # (Left None: not a tool, or hidden.)
     end = len(old_tools) - tail
     tools = (*old_tools[:head], *filter(None, cloned), *old_tools[end:])
-    tool_sources = (
-        *old_sources[:head],
-        *itertools.compress(middle, cloned),
-        *old_sources[end:],
-    )
+    if len(tools) == len(snapshot.tools):
+        # Every item projected: the sources are the snapshot's own list (which the pool's
+        # `kept` names when it lists the next one).
+        tool_sources = snapshot.tools
+    else:
+        tool_sources = (
+            *old_sources[:head],
+            *itertools.compress(middle, cloned),
+            *old_sources[end:],
+        )
     prompts: list[tuple[str, str, dict[str, Any]]] = []
     prompt_sources: list[dict[str, Any]] = []
     for prompt in snapshot.prompts:
@@ -202,11 +216,22 @@ def shared_projection(
     budget: int = MAX_NAME,
 ) -> Projection:
     cache_key = (entry, snapshot.generation, key, server, prefix, budget)
-    found = _cache.get(cache_key)
+    # (The weak dictionary's own `get` is Python: one frame more per view per change.)
+    ref = _cache_refs.get(cache_key)
+    found = ref() if ref is not None else None
     if found is None:
         latest_key = (entry, key, server, prefix, budget)
         previous = _latest.get(latest_key)
-        found = project(snapshot, key, server, prefix=prefix, budget=budget, previous=previous)
+        listed = entry.known_items.get("tools/list")
+        found = project(
+            snapshot,
+            key,
+            server,
+            prefix=prefix,
+            budget=budget,
+            previous=previous,
+            kept=listed.kept(snapshot.tools) if listed is not None else None,
+        )
         _cache[cache_key] = found
         if previous is None or previous.generation < found.generation:
             _latest[latest_key] = found

@@ -9,6 +9,7 @@ from them downstream be reused.
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import PoolEntry, identity_of
-from mcpool.pool._reuse import KnownItems
+from mcpool.pool._reuse import KnownItems, _spliced
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=4),
@@ -146,10 +147,13 @@ def test_relists_after_any_edits_decode_to_what_a_full_decode_gives(
 ) -> None:
     """The bytes compared with the last listing's and only the changed ones parsed (`_delta`)
     give the values a decode from scratch gives, page by page, whatever changed where; and an
-    item is left unchecked (not `fresh`) only when it is an object the last listing accepted."""
+    item is left unchecked (not `fresh`) only when it is an object the last listing accepted;
+    and the ends it says a listing shares with the one before (`kept`, what the session side
+    then compares no more) are the very objects there."""
     known = KnownItems()
     listed = list(start)
     accepted: set[int] = set()
+    before: tuple[Any, ...] | None = None  # the last listing, when every item was accepted
     for edit in [[], *rounds]:
         for kind, at, value in edit:
             at = at % (len(listed) + 1)
@@ -177,6 +181,46 @@ def test_relists_after_any_edits_decode_to_what_a_full_decode_gives(
         kept = tuple(i for i in got if isinstance(i, dict))
         known.finish(kept)
         accepted = set(map(id, kept))
+        ends = known.kept(kept)
+        complete = len(kept) == len(got)
+        if before is None or not complete:
+            assert ends is None
+        else:
+            assert ends is not None and ends[0] is before
+            head, tail = ends[1], ends[2]
+            assert head + tail <= min(len(kept), len(before))
+            assert all(map(operator.is_, kept[:head], before[:head]))
+            assert all(map(operator.is_, kept[len(kept) - tail :], before[len(before) - tail :]))
+        assert not kept or known.kept(tuple(list(kept))) is None  # only that very listing
+        before = kept if complete else None
+
+
+def test_a_relisting_tells_the_ends_it_shares_with_the_one_before() -> None:
+    """`kept`: one item changed in the middle of a 50-item list of 3 pages (the same page
+    count), and every other item is at one of the ends it tells."""
+    known = KnownItems()
+    listings = [
+        [tool(f"t{i}") for i in range(50)],
+        [tool(f"t{i}", "changed" if i == 23 else "") for i in range(50)],
+        [tool(f"t{i}", "changed" if i == 23 else "") for i in range(50)],  # the same again
+    ]
+    results = []
+    for listing in listings:
+        known.start()
+        got: list[Any] = []
+        for number, at in enumerate(range(0, 50, 20)):
+            cursor = str(number + 1) if at + 20 < 50 else None
+            got.extend(
+                known.decode(encoded("tools", listing[at : at + 20], cursor, "compact"), "tools")[
+                    "tools"
+                ]
+            )
+        listed = tuple(got)
+        known.finish(listed)
+        results.append((listed, known.kept(listed)))
+    assert results[0][1] is None  # nothing before it
+    assert results[1][1] == (results[0][0], 23, 26)
+    assert results[2][1] == (results[1][0], 50, 0)
 
 
 def test_a_change_at_the_end_reuses_every_item_before_it() -> None:
@@ -251,3 +295,21 @@ def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept()
     again = known.decode(page("tools", [tool("a"), {"nameless": 1}]), "tools")["tools"]
     known.finish((again[0],))
     assert known.encoded((again[0],)) is None  # an item was left out: not the pages' bytes
+
+
+@given(
+    old=st.lists(st.integers(0, 1000), max_size=12),
+    bounds=st.tuples(st.integers(0, 12), st.integers(0, 12)),
+    middle=st.lists(st.integers(0, 1000), max_size=4),
+    shift=st.integers(-50, 50),
+)
+def test_a_spliced_page_list_is_the_concatenation_it_replaces(
+    old: list[int], bounds: tuple[int, int], middle: list[int], shift: int
+) -> None:
+    """`_spliced` (one copy and a slice assignment) gives what slicing and concatenating gave:
+    the items before, the new middle, the items after moved by `shift`."""
+    first = min(bounds[0], len(old))
+    last = max(first, min(bounds[1], len(old)))
+    expected = old[:first] + middle + [x + shift for x in old[last:]]
+    assert _spliced(old, first, last, middle, shift) == expected
+    assert _spliced(old, first, last, middle) == old[:first] + middle + old[last:]

@@ -15,11 +15,14 @@ import pytest
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, make_pool, stdio, tool
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpool.daemon._snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
     FileSnapshotStore,
     describe_snapshot,
+    encode_record,
     eviction,
     snapshot_file_name,
 )
@@ -338,3 +341,42 @@ async def test_a_relisted_snapshot_is_written_with_the_lists_as_listed(
     assert loaded.tools == list(entry.snapshot.tools)
     assert loaded.tools[1]["description"] == "changed"
     assert from_record(loaded, 0).tools == entry.snapshot.tools
+
+
+_json_items = st.lists(
+    st.dictionaries(st.text(max_size=5), st.one_of(st.text(max_size=8), st.integers()), max_size=3),
+    max_size=4,
+)
+
+
+@given(
+    name=st.text(max_size=8),
+    instructions=st.one_of(st.none(), st.text(max_size=8)),
+    lists=st.dictionaries(
+        st.sampled_from(["tools", "prompts", "resources", "resource_templates"]), _json_items
+    ),
+    cut=st.integers(0, 3),
+)
+def test_a_record_written_in_pieces_is_the_record_encoded_with_its_lists_joined(
+    name: str, instructions: str | None, lists: dict[str, list[Any]], cut: int
+) -> None:
+    """`encode_record`'s pieces (the lists as views of their bytes, never copied on the loop)
+    join to exactly the record encoded with each list as one Raw, whatever the strings hold
+    (NULs included: the slot is a raw NUL, which an encoded string never holds)."""
+    record = StoredSnapshot(
+        fingerprint="fp\x00" + name, server_name=name, instructions=instructions
+    )
+    encoded = {}
+    for field, items in lists.items():
+        raw = msgspec.json.encode(items)
+        # Pieces as a page's would be: views into a larger buffer, cut anywhere.
+        data = b"xx" + raw + b"yy"
+        view = memoryview(data)[2 : 2 + len(raw)]
+        at = min(cut, len(raw))
+        encoded[field] = (view[:at], view[at:])
+    joined = b"".join(encode_record(record, encoded))
+    whole = {f: msgspec.Raw(b"".join(p)) for f, p in encoded.items()}
+    assert joined == msgspec.json.encode(msgspec.structs.replace(record, **whole))
+    assert msgspec.json.decode(joined, type=StoredSnapshot) == msgspec.structs.replace(
+        record, **lists
+    )

@@ -67,3 +67,32 @@ async def test_large_and_small_messages_arrive_whole_and_in_order() -> None:
         assert fcntl.fcntl(w, get_size) >= BIG_PIPE
     os.close(r)
     os.close(w)
+
+
+async def test_messages_read_with_the_end_of_stdout_all_arrive_before_it_is_closed() -> None:
+    """A server that writes large and small messages and exits: the chunks read in the pass
+    that also reads the end of its stdout are framed and dispatched before the end is."""
+    sink = Sink()
+    up = StdioUpstream(
+        identity_of("up", stdio()), sink, guardian=None, max_line=8 << 20, handshake_timeout=30
+    )
+    up._exited.set()  # (its exit status is known: the end is not waited on)
+    r, w = os.pipe()
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is not None:
+        fcntl.fcntl(w, set_size, BIG_PIPE)  # all of it in the pipe before the first read
+    os.set_blocking(r, False)
+    sizes = [5, 300_000, 2, 200_000, 7] if set_size is not None else [5, 2, 7]
+    # Whole chunks only, so the read after the last one is the end, in the same pass.
+    sizes[-1] += -len(b"".join(note(n, size) for n, size in enumerate(sizes))) % 65536
+    data = b"".join(note(n, size) for n, size in enumerate(sizes))
+    assert len(data) % 65536 == 0
+    view = memoryview(data)
+    for at in range(0, len(data), 65536):
+        os.write(w, view[at : at + 65536])
+    os.close(w)
+    with trio.fail_after(STEP_TIMEOUT):
+        await up._read_stdout(r)
+    assert [len(m["pad"]) for m in sink.seen] == sizes
+    assert up.closed_reason == "closed its stdout"
+    os.close(r)

@@ -358,3 +358,65 @@ async def test_relists_through_the_pages_delta_tell_each_view_what_its_own_view_
         assert [t for p in expected for t in p["tools"]] == [
             {**t, "name": f"srv__{t['name']}", "_meta": {"mcpool/server": "srv"}} for t in tools
         ]
+
+
+async def relisted_scenario(lists: list[list[tuple[str, str]]]) -> None:
+    """Relists through the pool (`list_all` and its page delta): the projections made with the
+    ends the pool tells (`KnownItems.kept`, not compared again) are what projecting afresh
+    gives, each session serves what a build from scratch serves, and is told of a change
+    exactly when its own served lists changed."""
+    async with trio.open_nursery() as nursery:
+        server = FakeServer([tool(n, d) for n, d in lists[0]])
+        pool = make_pool(nursery, FakeNet(srv=server))
+        views = {
+            "all": {"srv": stdio(prefix=False)},
+            "narrow": {"srv": stdio(prefix=False, excludeTools=["b"])},
+        }
+        sessions = [await attach(nursery, pool, v, n) for n, v in views.items()]
+        entry = entry_of(sessions[0][0], "srv")
+        for tools in lists[1:]:
+            previous = [(s.registry, served(s.registry)) for s, _ in sessions]
+            for _, out in sessions:
+                out.frames.clear()
+            before = entry.snapshot
+            server.tools = [tool(n, d) for n, d in tools]
+            server.upstreams[-1].list_changed()
+            with trio.fail_after(5):
+                while entry.snapshot is before:
+                    await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            for (session, out), (prev_gen, prev_served) in zip(sessions, previous, strict=True):
+                got = served(session.registry)
+                for view in session.views.values():
+                    snapshot = entry.snapshot
+                    made = view.projection_of(snapshot)
+                    fresh = project(
+                        snapshot,
+                        view.key,
+                        view.name,
+                        prefix=view.prefix,
+                        budget=session.name_budget,
+                    )
+                    assert (made.tools, made.prompts, made.hidden_tools) == (
+                        fresh.tools,
+                        fresh.prompts,
+                        fresh.hidden_tools,
+                    )
+                # The same generation computed again from nothing but the same inputs.
+                clear_shared_caches()
+                prev_gen.agg.moves.clear()
+                again = build_candidate(
+                    list(session.views.values()), number=0, settings_generation=0, previous=prev_gen
+                )
+                assert got == served(again)
+                changed = got[2]["tools"] != prev_served[2]["tools"]
+                told = ["notifications/tools/list_changed"] if changed else []
+                assert out.notifications() == told
+        nursery.cancel_scope.cancel()
+
+
+@given(st.lists(tool_lists, min_size=2, max_size=4))
+def test_relists_with_the_pools_ends_serve_what_a_fresh_build_serves(
+    lists: list[list[tuple[str, str]]],
+) -> None:
+    trio.run(relisted_scenario, lists)
