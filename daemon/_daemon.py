@@ -194,7 +194,18 @@ def order_io_events(
             last[0] = (self, queue)
         if queue.live or queue.hung_up:
             timeout = 0  # events are kept: take what is new and hand some on at once
-        return queue.take(self._epoll.poll(timeout, max(1, len(self._registered))))
+        else:
+            # `take`'s common pass, inlined (two loop passes per relayed call): nothing kept,
+            # few events, none hung up.
+            fresh = self._epoll.poll(timeout, len(self._registered) or 1)
+            if len(fresh) <= live_per_pass:
+                for _fd, flags in fresh:
+                    if flags & _HUNG_UP:
+                        break
+                else:
+                    return fresh
+            return queue.take(fresh)
+        return queue.take(self._epoll.poll(timeout, len(self._registered) or 1))
 
     get_events.ordered = True  # type: ignore[attr-defined]
     get_events.unordered = unordered  # type: ignore[attr-defined]

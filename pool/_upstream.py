@@ -63,6 +63,7 @@ from mcpool.protocol import (
     UpstreamTimeout,
     UpstreamUnavailable,
     decode,
+    decode_unchecked,
     error_response,
     notification,
     request,
@@ -695,27 +696,36 @@ class Upstream:
         self.stderr_tail.append(f"[mcpool] the server ended listen stream {listen_id}")
 
     def _dispatch(self, line: bytes) -> None:
+        # The hot path: a handshake-era server's result under one of our (int) ids, which is
+        # all `decode` would accept of it too, decoded without its frame and checks; the loop
+        # below for it, fenced the same way. Anything else, or a line that does not decode,
+        # goes through `decode`.
+        try:
+            decoded: Any = decode_unchecked(line)
+        except (msgspec.DecodeError, RecursionError):  # ValidationError included
+            decoded = None
+        if (
+            decoded.__class__ is Message
+            and decoded.method is UNSET
+            and decoded.error is UNSET
+            and decoded.result is not UNSET
+            and decoded.id.__class__ is int
+            and decoded.jsonrpc == "2.0"
+            and self.era is not _eras.MODERN
+        ):
+            try:
+                cb = self._pending.pop(decoded.id, None)
+                if cb is not None:
+                    cb(decoded)
+                    if self._settled is not None:
+                        self._check_settled()
+            except Exception as exc:
+                self._dispatch_failed(exc)
+            return
         try:
             decoded = decode(line)
         except McpoolError:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
-            return
-        if (
-            decoded.__class__ is Message
-            and decoded.method is UNSET
-            and self.era is not _eras.MODERN
-        ):
-            # The hot path, the loop below for one response of a handshake-era server (no
-            # listen frames): its callback, fenced the same way.
-            try:
-                if isinstance(decoded.id, int):
-                    cb = self._pending.pop(decoded.id, None)
-                    if cb is not None:
-                        cb(decoded)
-                        if self._settled is not None:
-                            self._check_settled()
-            except Exception as exc:
-                self._dispatch_failed(exc)
             return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
             # This is the reader task every session of this server depends on: whatever a

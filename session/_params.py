@@ -26,7 +26,7 @@ integer), so every one of them is hashable and comparable.
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType, field
@@ -82,6 +82,19 @@ class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=
     name: str
     arguments: dict[str, Any] | UnsetType | None = UNSET
     meta: dict[str, Any] | UnsetType | None = field(default=UNSET, name="_meta")
+
+
+class PlainCallLine(Struct, forbid_unknown_fields=True, gc=False):
+    """A whole tools/call request line whose params are `PlainToolsCall`, typed in one decode
+    (envelope and params together: `SessionRequests.handle_line`'s direct call). It accepts
+    only what `decode` accepts as a request and the direct path would serve: "2.0", an int or
+    string id, the method, params; any other member (`result`, `error`, one nobody knows) or
+    type makes it fail, and the line is decoded the general way."""
+
+    jsonrpc: Literal["2.0"]
+    id: int | str
+    method: Literal["tools/call"]
+    params: PlainToolsCall
 
 
 class PromptsGet(Struct, gc=False):
@@ -180,6 +193,7 @@ class ErrorMember(Struct, gc=False):
 T = TypeVar("T")
 
 plain_tools_call_decoder = msgspec.json.Decoder(PlainToolsCall)
+plain_call_line_decoder = msgspec.json.Decoder(PlainCallLine)
 _cancelled_decoder = msgspec.json.Decoder(Cancelled)
 _progress_decoder = msgspec.json.Decoder(Progress)
 _log_decoder = msgspec.json.Decoder(LogMessage)
