@@ -37,6 +37,7 @@ import heapq
 import math
 import os
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -145,6 +146,22 @@ _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
+try:
+    from trio._core._run import SystemClock as _SystemClock
+except ImportError:  # another trio: every clock is read through its current_time()
+    _SystemClock = None  # type: ignore[assignment,misc]
+
+
+def _clock_reader(clock: trio.abc.Clock) -> tuple[Callable[[], float], float]:
+    """A function and an offset whose sum is `clock`'s time: trio's own clock is
+    `offset + perf_counter()` (read in one C call then, not through a Python method); any
+    other (a MockClock) is its current_time() and 0."""
+    offset = getattr(clock, "offset", None)
+    if _SystemClock is not None and type(clock) is _SystemClock and isinstance(offset, float):
+        return time.perf_counter, offset
+    return clock.current_time, 0.0
+
+
 def listen_reopen_delay(short_runs: int) -> float:
     """Seconds before reopening a listen stream the server ended, after `short_runs` streams in
     a row that it ended early (1 is the first)."""
@@ -183,11 +200,16 @@ class Upstream:
         # while nobody waits, so that a relayed answer costs no Event.set() call.
         self._settled: trio.Event | None = None
         # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
-        # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
-        # (deadline, id, method, limit) instead of a task or a cancel scope per request.
+        # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves the
+        # (deadline, id, method, limit) of every request instead of a task or a cancel scope
+        # per request: in `_due` while they come in order (every request under the same limit:
+        # the common case, one append each), the others in the heap `_deadlines`.
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self._due: collections.deque[tuple[float, int, str, float]] = collections.deque()
         self._deadlines: list[tuple[float, int, str, float]] = []
-        self._clock: trio.abc.Clock | None = None
+        # The run's clock, as a function and an offset (`_clock_reader`), found on first use.
+        self._now: Callable[[], float] | None = None
+        self._clock_offset = 0.0
         self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
@@ -258,21 +280,46 @@ class Upstream:
         return uid
 
     def _add_deadline(self, uid: int, method: str) -> None:
+        now = self._now
+        if now is None:
+            now = self._read_clock()
         limit = self.request_timeout
-        clock = self._clock
-        if clock is None:
-            # The run's clock, asked once: trio.current_time() goes through three calls to get
-            # to it, on every request (a MockClock in tests is the run's clock as well).
-            clock = self._clock = trio.lowlevel.current_clock()
-        deadline = clock.current_time() + limit
+        self._push_deadline((now() + self._clock_offset + limit, uid, method, limit))
+
+    def _read_clock(self) -> Callable[[], float]:
+        """The run's clock, asked once: trio.current_time() goes through three calls to get to
+        it (a MockClock in tests is the run's clock as well)."""
+        self._now, self._clock_offset = _clock_reader(trio.lowlevel.current_clock())
+        return self._now
+
+    def _push_deadline(self, entry: tuple[float, int, str, float]) -> None:
+        """Add a request's deadline: at the end of `_due` when it is not earlier than the last
+        one there, else in the heap; the timer is woken when it is the earliest of all."""
+        due, heap = self._due, self._deadlines
+        deadline = entry[0]
+        if due and deadline >= due[-1][0]:
+            due.append(entry)
+            if len(due) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+                self._compact_deadlines()
+            return
+        earliest = min(due[0][0] if due else math.inf, heap[0][0] if heap else math.inf)
+        if not due:
+            due.append(entry)
+        else:
+            heapq.heappush(heap, entry)
+            if len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+                self._compact_deadlines()
+        if deadline < earliest:
+            self._deadline_wake.set()  # the timer sleeps until a later deadline, or forever
+
+    def _compact_deadlines(self) -> None:
+        """Answered requests' deadlines are dropped lazily; once they outnumber the pending
+        ones by DEADLINE_COMPACT_SLACK, both lists keep only the pending ones."""
+        pending = self._pending
+        self._due = collections.deque(d for d in self._due if d[1] in pending)
         heap = self._deadlines
-        if not heap or deadline < heap[0][0]:
-            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-        elif len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
-            pending = self._pending
-            heap[:] = [d for d in heap if d[1] in pending]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, uid, method, limit))
+        heap[:] = [d for d in heap if d[1] in pending]
+        heapq.heapify(heap)
 
     def send_checked(self, method: str, params: Raw | bytes, on_reply: ReplyCallback) -> int:
         """`send_request` of a bounded request with params, for a caller that found this
@@ -282,19 +329,17 @@ class Upstream:
         self._next_id = uid + 1
         pending = self._pending
         pending[uid] = on_reply
-        # `_add_deadline`, inlined.
+        # `_add_deadline` and `_push_deadline`'s common case, inlined.
+        now = self._now
+        if now is None:
+            now = self._read_clock()
         limit = self.request_timeout
-        clock = self._clock
-        if clock is None:
-            clock = self._clock = trio.lowlevel.current_clock()
-        deadline = clock.current_time() + limit
-        heap = self._deadlines
-        if not heap or deadline < heap[0][0]:
-            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-        elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
-            heap[:] = [d for d in heap if d[1] in pending]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, uid, method, limit))
+        entry = (now() + self._clock_offset + limit, uid, method, limit)
+        due = self._due
+        if due and entry[0] >= due[-1][0] and len(due) <= 2 * len(pending) + DEADLINE_COMPACT_SLACK:
+            due.append(entry)
+        else:
+            self._push_deadline(entry)
         # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
         self._write(request_line(uid, method, params))
         return uid
@@ -302,9 +347,14 @@ class Upstream:
     def expire_requests(self, now: float) -> float:
         """Answer every pending request whose deadline passed with an UPSTREAM_TIMEOUT error
         naming the server and the limit, and cancel it at the upstream; the next deadline."""
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, uid, method, limit = heapq.heappop(heap)
+        due, heap = self._due, self._deadlines
+        while True:
+            if due and due[0][0] <= now and (not heap or due[0][0] <= heap[0][0]):
+                _, uid, method, limit = due.popleft()
+            elif heap and heap[0][0] <= now:
+                _, uid, method, limit = heapq.heappop(heap)
+            else:
+                break
             cb = self._pending.pop(uid, None)
             if cb is None:
                 continue  # answered (or cancelled) in time
@@ -312,8 +362,9 @@ class Upstream:
             self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
             err = UpstreamTimeout(self.name, reason, message=reason, method=method, timeout=limit)
             cb(Message(jsonrpc="2.0", id=uid, error=Raw(_encoder.encode(err.to_error_object()))))
+            due = self._due  # a callback's request may have compacted it
         self._check_settled()
-        return heap[0][0] if heap else math.inf
+        return min(due[0][0] if due else math.inf, heap[0][0] if heap else math.inf)
 
     async def _expire_requests(self) -> None:
         """The connection's one request timer: sleeps until the earliest deadline."""
@@ -921,6 +972,7 @@ class StdioUpstream(Upstream):
     async def _read_stdout(self, fd: int) -> None:
         framer = LineFramer(self._max_line)
         feed, dispatch = framer.feed, self._dispatch
+        partial, max_line = framer.buffer, self._max_line
         widened = False
         while True:
             # `read_some`, inlined: one coroutine less per message every session of this
@@ -944,6 +996,21 @@ class StdioUpstream(Upstream):
                     self._fail_pending()
                     self._close_requested.set()
                     return
+                if not partial and data[-1] == 10:
+                    # `feed`'s one-line branch, inlined (every answer): one whole, non-blank
+                    # line without a CR; anything else goes to `feed`.
+                    line = data[:-1]
+                    if (
+                        10 not in line
+                        and len(line) <= max_line
+                        and line
+                        and line[-1] != 13
+                        and not line.isspace()
+                    ):
+                        dispatch(line)
+                        if len(data) < READ_CHUNK:
+                            break  # the pipe is empty (for now)
+                        continue
                 try:
                     lines = feed(data)
                 except _MessageTooLarge:

@@ -26,7 +26,7 @@ integer), so every one of them is hashable and comparable.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType, field
@@ -85,15 +85,16 @@ class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=
 
 
 class PlainCallLine(Struct, forbid_unknown_fields=True, gc=False):
-    """A whole tools/call request line whose params are `PlainToolsCall`, typed in one decode
-    (envelope and params together: `SessionRequests.handle_line`'s direct call). It accepts
-    only what `decode` accepts as a request and the direct path would serve: "2.0", an int or
-    string id, the method, params; any other member (`result`, `error`, one nobody knows) or
-    type makes it fail, and the line is decoded the general way."""
+    """A whole request line whose params are `PlainToolsCall`, typed in one decode (envelope
+    and params together: `SessionRequests.handle_line`'s direct call). It accepts only what
+    `decode` accepts as a request: a string `jsonrpc` and `method` (the caller serves only
+    "2.0" and tools/call: strings compared there cost less than Literal types here), an int or
+    string id, params; any other member (`result`, `error`, one nobody knows) or type makes it
+    fail, and the line is decoded the general way."""
 
-    jsonrpc: Literal["2.0"]
+    jsonrpc: str
     id: int | str
-    method: Literal["tools/call"]
+    method: str
     params: PlainToolsCall
 
 

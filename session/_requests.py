@@ -108,7 +108,12 @@ class SessionRequests(SessionGenerations):
                 pass
             else:
                 client_id = plain.id
-                if client_id not in self.inflight and client_id not in self.listens:
+                if (
+                    plain.method == "tools/call"
+                    and plain.jsonrpc == "2.0"
+                    and client_id not in self.inflight
+                    and client_id not in self.listens
+                ):
                     try:
                         if self._call_direct(client_id, plain.params):
                             return

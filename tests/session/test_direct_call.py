@@ -89,6 +89,9 @@ LINES: dict[str, bytes] = {
     "object id": b'{"jsonrpc":"2.0","id":{},"method":"tools/call","params":%b}' % P,
     "no params": b'{"jsonrpc":"2.0","id":3,"method":"tools/call"}',
     "another method": b'{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}',
+    "another method, plain params": b'{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":%b}'
+    % P,
+    "version 2.00": b'{"jsonrpc":"2.00","id":3,"method":"tools/call","params":%b}' % P,
     "duplicate params, bad last": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,'
     b'"params":%b}' % (P, BAD),
     "duplicate params, bad first": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,'
