@@ -127,6 +127,11 @@ UPSTREAM_CLIENT_CAPABILITIES: dict[str, Any] = {
 
 ReplyCallback = Callable[[Message], None]
 
+# The JSON strings of the methods `send_checked` sends, encoded once (bounded: a method not seen
+# before goes through `request_line` once this is full).
+_METHOD_JSON: dict[str, bytes] = {}
+METHOD_JSON_MAX = 64
+
 
 class UpstreamEvents(Protocol):
     """What a connection reports to its pool entry."""
@@ -340,8 +345,18 @@ class Upstream:
             due.append(entry)
         else:
             self._push_deadline(entry)
-        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
+        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded
+        # (`request_line`, inlined).
+        encoded = _METHOD_JSON.get(method)
+        if encoded is None:
+            return self._write_request(uid, method, params)
+        self._write(b'{"jsonrpc":"2.0","id":%d,"method":%b,"params":%b}\n' % (uid, encoded, params))
+        return uid
+
+    def _write_request(self, uid: int, method: str, params: Raw | bytes) -> int:
         self._write(request_line(uid, method, params))
+        if len(_METHOD_JSON) < METHOD_JSON_MAX:
+            _METHOD_JSON[method] = _encoder.encode(method)
         return uid
 
     def expire_requests(self, now: float) -> float:
