@@ -12,8 +12,9 @@ reports ready through `task_status.started()`. From then on:
 - requests go out synchronously (`send_request` writes straight to the pipe, see `_fdio`), each
   under an id minted here and never reused (P2); the reply callback runs in the reader task;
 - each request has a time limit (`request_timeout`): one timer task per connection sleeps until
-  the earliest deadline of a heap, answers an overdue request with UPSTREAM_TIMEOUT naming the
-  server and the limit, and sends the server `notifications/cancelled` for it. The limit is a
+  the earliest deadline (of a deque of those that came in order, and a heap of the others),
+  answers an overdue request with UPSTREAM_TIMEOUT naming the server and the limit, and sends
+  the server `notifications/cancelled` for it. The limit is a
   total: progress does not extend it (a wedged server can still send progress; a server whose
   tools run longer gets a larger `timeout`);
 - the reader dispatches responses to their callbacks, answers `ping` and `roots/list` locally,
