@@ -12,8 +12,9 @@ reports ready through `task_status.started()`. From then on:
 - requests go out synchronously (`send_request` writes straight to the pipe, see `_fdio`), each
   under an id minted here and never reused (P2); the reply callback runs in the reader task;
 - each request has a time limit (`request_timeout`): one timer task per connection sleeps until
-  the earliest deadline of a heap, answers an overdue request with UPSTREAM_TIMEOUT naming the
-  server and the limit, and sends the server `notifications/cancelled` for it. The limit is a
+  the earliest deadline (of a deque of those that came in order, and a heap of the others),
+  answers an overdue request with UPSTREAM_TIMEOUT naming the server and the limit, and sends
+  the server `notifications/cancelled` for it. The limit is a
   total: progress does not extend it (a wedged server can still send progress; a server whose
   tools run longer gets a larger `timeout`);
 - the reader dispatches responses to their callbacks, answers `ping` and `roots/list` locally,
@@ -37,6 +38,7 @@ import heapq
 import math
 import os
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -63,6 +65,7 @@ from mcpool.protocol import (
     UpstreamTimeout,
     UpstreamUnavailable,
     decode,
+    decode_unchecked,
     error_response,
     notification,
     request,
@@ -125,6 +128,11 @@ UPSTREAM_CLIENT_CAPABILITIES: dict[str, Any] = {
 
 ReplyCallback = Callable[[Message], None]
 
+# The JSON strings of the methods `send_checked` sends, encoded once (bounded: a method not seen
+# before goes through `request_line` once this is full).
+_METHOD_JSON: dict[str, bytes] = {}
+METHOD_JSON_MAX = 64
+
 
 class UpstreamEvents(Protocol):
     """What a connection reports to its pool entry."""
@@ -142,6 +150,22 @@ class _GroupRegistry(Protocol):
 
 _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+
+try:
+    from trio._core._run import SystemClock as _SystemClock
+except ImportError:  # another trio: every clock is read through its current_time()
+    _SystemClock = None  # type: ignore[assignment,misc]
+
+
+def _clock_reader(clock: trio.abc.Clock) -> tuple[Callable[[], float], float]:
+    """A function and an offset whose sum is `clock`'s time: trio's own clock is
+    `offset + perf_counter()` (read in one C call then, not through a Python method); any
+    other (a MockClock) is its current_time() and 0."""
+    offset = getattr(clock, "offset", None)
+    if _SystemClock is not None and type(clock) is _SystemClock and isinstance(offset, float):
+        return time.perf_counter, offset
+    return clock.current_time, 0.0
 
 
 def listen_reopen_delay(short_runs: int) -> float:
@@ -182,11 +206,16 @@ class Upstream:
         # while nobody waits, so that a relayed answer costs no Event.set() call.
         self._settled: trio.Event | None = None
         # Each request's time limit (seconds): set by the pool from the entry's `timeout` or
-        # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves a heap of
-        # (deadline, id, method, limit) instead of a task or a cancel scope per request.
+        # the daemon's `requestTimeout`. One timer task (`_expire_requests`) serves the
+        # (deadline, id, method, limit) of every request instead of a task or a cancel scope
+        # per request: in `_due` while they come in order (every request under the same limit:
+        # the common case, one append each), the others in the heap `_deadlines`.
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self._due: collections.deque[tuple[float, int, str, float]] = collections.deque()
         self._deadlines: list[tuple[float, int, str, float]] = []
-        self._clock: trio.abc.Clock | None = None
+        # The run's clock, as a function and an offset (`_clock_reader`), found on first use.
+        self._now: Callable[[], float] | None = None
+        self._clock_offset = 0.0
         self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
@@ -257,21 +286,46 @@ class Upstream:
         return uid
 
     def _add_deadline(self, uid: int, method: str) -> None:
+        now = self._now
+        if now is None:
+            now = self._read_clock()
         limit = self.request_timeout
-        clock = self._clock
-        if clock is None:
-            # The run's clock, asked once: trio.current_time() goes through three calls to get
-            # to it, on every request (a MockClock in tests is the run's clock as well).
-            clock = self._clock = trio.lowlevel.current_clock()
-        deadline = clock.current_time() + limit
+        self._push_deadline((now() + self._clock_offset + limit, uid, method, limit))
+
+    def _read_clock(self) -> Callable[[], float]:
+        """The run's clock, asked once: trio.current_time() goes through three calls to get to
+        it (a MockClock in tests is the run's clock as well)."""
+        self._now, self._clock_offset = _clock_reader(trio.lowlevel.current_clock())
+        return self._now
+
+    def _push_deadline(self, entry: tuple[float, int, str, float]) -> None:
+        """Add a request's deadline: at the end of `_due` when it is not earlier than the last
+        one there, else in the heap; the timer is woken when it is the earliest of all."""
+        due, heap = self._due, self._deadlines
+        deadline = entry[0]
+        if due and deadline >= due[-1][0]:
+            due.append(entry)
+            if len(due) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+                self._compact_deadlines()
+            return
+        earliest = min(due[0][0] if due else math.inf, heap[0][0] if heap else math.inf)
+        if not due:
+            due.append(entry)
+        else:
+            heapq.heappush(heap, entry)
+            if len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
+                self._compact_deadlines()
+        if deadline < earliest:
+            self._deadline_wake.set()  # the timer sleeps until a later deadline, or forever
+
+    def _compact_deadlines(self) -> None:
+        """Answered requests' deadlines are dropped lazily; once they outnumber the pending
+        ones by DEADLINE_COMPACT_SLACK, both lists keep only the pending ones."""
+        pending = self._pending
+        self._due = collections.deque(d for d in self._due if d[1] in pending)
         heap = self._deadlines
-        if not heap or deadline < heap[0][0]:
-            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-        elif len(heap) > 2 * len(self._pending) + DEADLINE_COMPACT_SLACK:
-            pending = self._pending
-            heap[:] = [d for d in heap if d[1] in pending]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, uid, method, limit))
+        heap[:] = [d for d in heap if d[1] in pending]
+        heapq.heapify(heap)
 
     def send_checked(self, method: str, params: Raw | bytes, on_reply: ReplyCallback) -> int:
         """`send_request` of a bounded request with params, for a caller that found this
@@ -281,29 +335,42 @@ class Upstream:
         self._next_id = uid + 1
         pending = self._pending
         pending[uid] = on_reply
-        # `_add_deadline`, inlined.
+        # `_add_deadline` and `_push_deadline`'s common case, inlined.
+        now = self._now
+        if now is None:
+            now = self._read_clock()
         limit = self.request_timeout
-        clock = self._clock
-        if clock is None:
-            clock = self._clock = trio.lowlevel.current_clock()
-        deadline = clock.current_time() + limit
-        heap = self._deadlines
-        if not heap or deadline < heap[0][0]:
-            self._deadline_wake.set()  # the timer sleeps until an older deadline, or forever
-        elif len(heap) > 2 * len(pending) + DEADLINE_COMPACT_SLACK:
-            heap[:] = [d for d in heap if d[1] in pending]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, uid, method, limit))
-        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded.
+        entry = (now() + self._clock_offset + limit, uid, method, limit)
+        due = self._due
+        if due and entry[0] >= due[-1][0] and len(due) <= 2 * len(pending) + DEADLINE_COMPACT_SLACK:
+            due.append(entry)
+        else:
+            self._push_deadline(entry)
+        # Encoded params (a forwarded request's) are put in place as they are, not re-encoded
+        # (`request_line`, inlined).
+        encoded = _METHOD_JSON.get(method)
+        if encoded is None:
+            return self._write_request(uid, method, params)
+        self._write(b'{"jsonrpc":"2.0","id":%d,"method":%b,"params":%b}\n' % (uid, encoded, params))
+        return uid
+
+    def _write_request(self, uid: int, method: str, params: Raw | bytes) -> int:
         self._write(request_line(uid, method, params))
+        if len(_METHOD_JSON) < METHOD_JSON_MAX:
+            _METHOD_JSON[method] = _encoder.encode(method)
         return uid
 
     def expire_requests(self, now: float) -> float:
         """Answer every pending request whose deadline passed with an UPSTREAM_TIMEOUT error
         naming the server and the limit, and cancel it at the upstream; the next deadline."""
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, uid, method, limit = heapq.heappop(heap)
+        due, heap = self._due, self._deadlines
+        while True:
+            if due and due[0][0] <= now and (not heap or due[0][0] <= heap[0][0]):
+                _, uid, method, limit = due.popleft()
+            elif heap and heap[0][0] <= now:
+                _, uid, method, limit = heapq.heappop(heap)
+            else:
+                break
             cb = self._pending.pop(uid, None)
             if cb is None:
                 continue  # answered (or cancelled) in time
@@ -311,8 +378,9 @@ class Upstream:
             self.send_notification("notifications/cancelled", {"requestId": uid, "reason": reason})
             err = UpstreamTimeout(self.name, reason, message=reason, method=method, timeout=limit)
             cb(Message(jsonrpc="2.0", id=uid, error=Raw(_encoder.encode(err.to_error_object()))))
+            due = self._due  # a callback's request may have compacted it
         self._check_settled()
-        return heap[0][0] if heap else math.inf
+        return min(due[0][0] if due else math.inf, heap[0][0] if heap else math.inf)
 
     async def _expire_requests(self) -> None:
         """The connection's one request timer: sleeps until the earliest deadline."""
@@ -695,27 +763,36 @@ class Upstream:
         self.stderr_tail.append(f"[mcpool] the server ended listen stream {listen_id}")
 
     def _dispatch(self, line: bytes) -> None:
+        # The hot path: a handshake-era server's result under one of our (int) ids, which is
+        # all `decode` would accept of it too, decoded without its frame and checks; the loop
+        # below for it, fenced the same way. Anything else, or a line that does not decode,
+        # goes through `decode`.
+        try:
+            decoded: Any = decode_unchecked(line)
+        except (msgspec.DecodeError, RecursionError):  # ValidationError included
+            decoded = None
+        if (
+            decoded.__class__ is Message
+            and decoded.method is UNSET
+            and decoded.error is UNSET
+            and decoded.result is not UNSET
+            and decoded.id.__class__ is int
+            and decoded.jsonrpc == "2.0"
+            and self.era is not _eras.MODERN
+        ):
+            try:
+                cb = self._pending.pop(decoded.id, None)
+                if cb is not None:
+                    cb(decoded)
+                    if self._settled is not None:
+                        self._check_settled()
+            except Exception as exc:
+                self._dispatch_failed(exc)
+            return
         try:
             decoded = decode(line)
         except McpoolError:
             self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
-            return
-        if (
-            decoded.__class__ is Message
-            and decoded.method is UNSET
-            and self.era is not _eras.MODERN
-        ):
-            # The hot path, the loop below for one response of a handshake-era server (no
-            # listen frames): its callback, fenced the same way.
-            try:
-                if isinstance(decoded.id, int):
-                    cb = self._pending.pop(decoded.id, None)
-                    if cb is not None:
-                        cb(decoded)
-                        if self._settled is not None:
-                            self._check_settled()
-            except Exception as exc:
-                self._dispatch_failed(exc)
             return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
             # This is the reader task every session of this server depends on: whatever a
@@ -911,6 +988,7 @@ class StdioUpstream(Upstream):
     async def _read_stdout(self, fd: int) -> None:
         framer = LineFramer(self._max_line)
         feed, dispatch = framer.feed, self._dispatch
+        partial, max_line = framer.buffer, self._max_line
         widened = False
         while True:
             # `read_some`, inlined: one coroutine less per message every session of this
@@ -952,13 +1030,25 @@ class StdioUpstream(Upstream):
                         break  # the pipe is empty (for now)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             if data:
-                try:
-                    lines = feed(data)
-                except _MessageTooLarge:
-                    self.request_close(f"sent a message larger than {self._max_line} bytes")
-                    return
-                for line in lines:
+                line = data[:-1] if not partial and data[-1] == 10 else b""
+                if (
+                    line
+                    and 10 not in line
+                    and len(line) <= max_line
+                    and line[-1] != 13
+                    and not line.isspace()
+                ):
+                    # `feed`'s one-line branch, inlined (every answer): one whole, non-blank
+                    # line without a CR; anything else goes to `feed`.
                     dispatch(line)
+                else:
+                    try:
+                        lines = feed(data)
+                    except _MessageTooLarge:
+                        self.request_close(f"sent a message larger than {self._max_line} bytes")
+                        return
+                    for line in lines:
+                        dispatch(line)
             if ended:
                 # Usually the process is exiting: its status makes the error much clearer.
                 with trio.move_on_after(EXIT_STATUS_WAIT):

@@ -32,6 +32,14 @@ class LineFramer:
     def max_line(self) -> int:
         return self._max_line
 
+    @property
+    def buffer(self) -> bytearray:
+        """The incomplete tail itself (the same object for the framer's life, emptied and
+        filled in place): a read loop that finds it empty and reads one whole line may take
+        the line itself, as `feed`'s first branch would, without the call (see the session's
+        and the upstream's read loops). Once `feed` has raised, it must not be used."""
+        return self._buf
+
     def pending(self) -> int:
         """Bytes of an incomplete line buffered so far."""
         return len(self._buf)

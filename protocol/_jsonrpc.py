@@ -31,6 +31,7 @@ __all__ = [
     "Response",
     "decode",
     "decode_params",
+    "decode_unchecked",
     "encode",
     "error_response",
     "notification",
@@ -138,6 +139,10 @@ class _ResponseOut(Struct):
 
 _decoder = msgspec.json.Decoder(Message | list[Message])
 _decode = _decoder.decode
+# The envelope decoder without `decode`'s checks, raising msgspec's own errors: for a hot path
+# that accepts one exact shape it checks itself, and hands anything else (or any error) to
+# `decode`, which decodes it again and says what is wrong.
+decode_unchecked = _decode
 _RESULT_IDS = frozenset({int, str})  # the id types a result response may carry (not null)
 _any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 _params_decoder = msgspec.json.Decoder(dict[str, Any])

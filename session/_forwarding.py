@@ -94,7 +94,8 @@ class SessionForwarding(SessionCore):
                 lastError=entry.last_error,
             )
         client_id = msg.id
-        flight = _InFlight(self, client_id, handle, upstream)
+        flight = _InFlight(self, client_id, handle, entry, upstream, self._batch)
+        handle.in_flight += 1
         if meta is not None and meta.progressToken is not UNSET:
             flight.progress = entry.register_progress(handle, meta.progressToken)
             params["_meta"] = {**params["_meta"], "progressToken": flight.progress}

@@ -84,6 +84,20 @@ class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=
     meta: dict[str, Any] | UnsetType | None = field(default=UNSET, name="_meta")
 
 
+class PlainCallLine(Struct, forbid_unknown_fields=True, gc=False):
+    """A whole request line whose params are `PlainToolsCall`, typed in one decode (envelope
+    and params together: `SessionRequests.handle_line`'s direct call). It accepts only what
+    `decode` accepts as a request: a string `jsonrpc` and `method` (the caller serves only
+    "2.0" and tools/call: strings compared there cost less than Literal types here), an int or
+    string id, params; any other member (`result`, `error`, one nobody knows) or type makes it
+    fail, and the line is decoded the general way."""
+
+    jsonrpc: str
+    id: int | str
+    method: str
+    params: PlainToolsCall
+
+
 class PromptsGet(Struct, gc=False):
     name: str
     arguments: dict[str, Any] | None = None
@@ -180,6 +194,7 @@ class ErrorMember(Struct, gc=False):
 T = TypeVar("T")
 
 plain_tools_call_decoder = msgspec.json.Decoder(PlainToolsCall)
+plain_call_line_decoder = msgspec.json.Decoder(PlainCallLine)
 _cancelled_decoder = msgspec.json.Decoder(Cancelled)
 _progress_decoder = msgspec.json.Decoder(Progress)
 _log_decoder = msgspec.json.Decoder(LogMessage)

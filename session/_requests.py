@@ -96,6 +96,33 @@ class SessionRequests(SessionGenerations):
     __slots__ = ()  # SessionCore holds the slots
 
     def handle_line(self, line: bytes) -> None:
+        if self.ready and self.era is HANDSHAKE and self.request_headers is None:
+            # The hot path, a handshake-era session's common tools/call: the whole line typed
+            # in one decode (`PlainCallLine`, envelope and params together) and forwarded by
+            # `_call_direct`, as `_handle` would have it forwarded. Anything else (another
+            # shape, an id in use, a call the direct path declines) is decoded below, the
+            # general way, and served by `_handle` as before.
+            try:
+                plain = _params.plain_call_line_decoder.decode(line)
+            except (msgspec.DecodeError, RecursionError):  # ValidationError included
+                pass
+            else:
+                client_id = plain.id
+                if (
+                    plain.method == "tools/call"
+                    and plain.jsonrpc == "2.0"
+                    and client_id not in self.inflight
+                    and client_id not in self.listens
+                ):
+                    try:
+                        if self._call_direct(client_id, plain.params):
+                            return
+                    except McpoolError as exc:
+                        self.send_error(client_id, exc)
+                        return
+                    except Exception as exc:
+                        self._internal_error("tools/call", client_id, exc)
+                        return
         try:
             decoded = decode(line)
         except McpoolError as exc:
@@ -168,14 +195,18 @@ class SessionRequests(SessionGenerations):
             else:
                 self._drop(f"a malformed {method or 'response'}", exc.reason)
         except Exception as exc:
-            # A bug, not bad input: the request still gets an answer and the session goes on.
-            trace = "".join(traceback.format_exception(exc)).rstrip()
-            self._log(f"session {self.id}: internal error handling {method}\n{trace}")
-            if msg.is_request:
-                self.send_error(
-                    msg.id,
-                    McpoolError(f"internal error in mcpool while handling {method}: {exc!r}"),
-                )
+            self._internal_error(method, msg.id if msg.is_request else UNSET, exc)
+
+    def _internal_error(self, method: str | UnsetType, msg_id: Any, exc: Exception) -> None:
+        """A bug, not bad input: logged with its traceback; the request (`msg_id`, UNSET for
+        anything else) still gets an answer and the session goes on."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self._log(f"session {self.id}: internal error handling {method}\n{trace}")
+        if msg_id is not UNSET:
+            self.send_error(
+                msg_id,
+                McpoolError(f"internal error in mcpool while handling {method}: {exc!r}"),
+            )
 
     def _check_era(self, method: str, p: dict[str, Any]) -> None:
         """P1: decide the era on the first request; check every modern request's envelope."""
@@ -436,6 +467,11 @@ class SessionRequests(SessionGenerations):
             call = _params.plain_tools_call_decoder.decode(raw)
         except (msgspec.DecodeError, RecursionError):  # ValidationError included
             return False
+        return self._call_direct(msg.id, call)
+
+    def _call_direct(self, client_id: Any, call: _params.PlainToolsCall) -> bool:
+        """`_tools_call_direct` of typed params (or `handle_line`'s of a typed line, whose id
+        it checked is not in use): forwarded, or False, having changed nothing."""
         meta = call.meta
         if meta.__class__ is dict and "progressToken" in meta:
             return False
@@ -453,12 +489,13 @@ class SessionRequests(SessionGenerations):
             or not view.key.allows(upstream_name)
         ):
             return False
-        upstream = handle.entry.upstream
+        entry = handle.entry
+        upstream = entry.upstream
         if upstream is None or upstream.era == MODERN or not upstream.alive:
             return False
         call.name = upstream_name
-        client_id = msg.id
-        flight = _InFlight(self, client_id, handle, upstream)
+        flight = _InFlight(self, client_id, handle, entry, upstream, self._batch)
+        handle.in_flight += 1
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_checked("tools/call", _encoder.encode(call), flight)

@@ -17,7 +17,7 @@ import trio.testing
 from fakes import FakeNet, FakeServer, make_pool, stdio
 
 from mcpool.pool import identity_of
-from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK, Upstream
+from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK, Upstream, _clock_reader
 from mcpool.protocol import UPSTREAM_TIMEOUT, McpoolError, Message
 
 EPSILON = 1e-6  # virtual seconds either side of an exact MockClock deadline
@@ -160,8 +160,44 @@ async def test_answered_requests_do_not_pile_up_in_the_deadline_heap(
     replies = Replies()
     for _ in range(20_000):
         up.answer(up.send_request("tools/call", b"{}", replies))
-    assert len(up._deadlines) <= DEADLINE_COMPACT_SLACK + 2
+    assert len(up._due) + len(up._deadlines) <= DEADLINE_COMPACT_SLACK + 2
     assert len(replies.got) == 20_000
+
+
+async def test_limits_changing_both_ways_expire_each_request_at_its_own_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Deadlines in order go to the end of a queue, any earlier than the last one to the heap:
+    # the timer serves both, earliest first.
+    up = WireUpstream()
+    nursery.start_soon(up._expire_requests)
+    start = trio.current_time()
+    expired: list[tuple[float, float]] = []
+
+    def limit_of(msg: Message) -> None:
+        assert not isinstance(msg.error, msgspec.UnsetType)
+        timeout = msgspec.json.decode(msg.error)["data"]["timeout"]
+        expired.append((round(trio.current_time() - start, 3), timeout))
+
+    for limit in (10.0, 2.0, 10.0, 5.0, 1.0, 20.0):
+        up.request_timeout = limit
+        up.send_request("tools/call", b"{}", limit_of)
+        await trio.sleep(0.5)
+    await trio.sleep(30.0)
+    # Sent at 0, 0.5, 1.0, 1.5, 2.0 and 2.5 s.
+    assert expired == [(2.5, 2.0), (3.0, 1.0), (6.5, 5.0), (10.0, 10.0), (11.0, 10.0), (22.5, 20.0)]
+    assert len(up.cancels()) == 6
+
+
+async def test_the_deadlines_are_read_from_the_runs_own_clock() -> None:
+    # trio's clock read in one call (offset + perf_counter): the same time as trio's.
+    now, offset = _clock_reader(trio.lowlevel.current_clock())
+    before = trio.current_time()
+    ours = now() + offset
+    after = trio.current_time()
+    assert before <= ours <= after
+    clock = trio.testing.MockClock()
+    assert _clock_reader(clock) == (clock.current_time, 0.0)
 
 
 async def test_the_pool_bounds_requests_by_the_entry_timeout_else_the_daemon_default(

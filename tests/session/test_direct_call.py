@@ -1,8 +1,9 @@
-"""Issue 17, item 6: a handshake-era tools/call takes a direct path (`_tools_call_direct`: typed
-straight from its bytes, forwarded in one frame). It must answer every request, hostile ones
-included, exactly as the general path (`_tools_call`, `_forward`) does: the same answers to
-the client and the same params at the upstream. Each case runs twice, the second time with the
-direct path turned off."""
+"""Issue 17, item 6: a handshake-era tools/call takes a direct path (`_call_direct`: typed
+straight from its bytes, forwarded in one frame; reached from `handle_line`, which types the
+whole line in one decode, or from `_tools_call_direct` for a line of another shape). It must
+answer every request, hostile ones included, exactly as the general path (`_tools_call`,
+`_forward`) does: the same answers to the client and the same params at the upstream. Each case
+runs twice, the second time with the direct path turned off."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from fakes import (
     tool,
 )
 
-from mcpool.session import Session
+from mcpool.session import Session, _requests
 from mcpool.session._requests import SessionRequests
 
 INIT = {
@@ -66,6 +67,45 @@ CASES: dict[str, bytes] = {
 }
 IDS: list[Any] = [1, "s", 2**63 - 1, 2**70, -(2**40), "\u00e9\\"]
 
+P = b'{"name":"srv__a","arguments":{"text":"x"}}'
+BAD = b'{"name":"srv__a","arguments":5}'
+# Whole lines around plain params (what `handle_line`'s one decode must accept or hand on).
+LINES: dict[str, bytes] = {
+    "members reordered": b'{"params":%b,"method":"tools/call","id":3,"jsonrpc":"2.0"}' % P,
+    "whitespace": b' { "jsonrpc" : "2.0" ,\t"id" : 3 , "method" : "tools/call" , "params" : %b } '
+    % P,
+    "escaped method": b'{"jsonrpc":"2.0","id":3,"method":"tools\\/call","params":%b}' % P,
+    "escaped version": b'{"jsonrpc":"2\\u002e0","id":3,"method":"tools/call","params":%b}' % P,
+    "unknown envelope member": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,"x":1}'
+    % P,
+    "with a result": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,"result":{}}' % P,
+    "with an error": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,"error":{}}' % P,
+    "version 1.0": b'{"jsonrpc":"1.0","id":3,"method":"tools/call","params":%b}' % P,
+    "no version": b'{"id":3,"method":"tools/call","params":%b}' % P,
+    "version a number": b'{"jsonrpc":2.0,"id":3,"method":"tools/call","params":%b}' % P,
+    "null id": b'{"jsonrpc":"2.0","id":null,"method":"tools/call","params":%b}' % P,
+    "no id": b'{"jsonrpc":"2.0","method":"tools/call","params":%b}' % P,
+    "float id": b'{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":%b}' % P,
+    "object id": b'{"jsonrpc":"2.0","id":{},"method":"tools/call","params":%b}' % P,
+    "no params": b'{"jsonrpc":"2.0","id":3,"method":"tools/call"}',
+    "another method": b'{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}',
+    "another method, plain params": b'{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":%b}'
+    % P,
+    "version 2.00": b'{"jsonrpc":"2.00","id":3,"method":"tools/call","params":%b}' % P,
+    "duplicate params, bad last": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,'
+    b'"params":%b}' % (P, BAD),
+    "duplicate params, bad first": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b,'
+    b'"params":%b}' % (BAD, P),
+    "duplicate method": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","method":"ping",'
+    b'"params":%b}' % P,
+    "duplicate id": b'{"jsonrpc":"2.0","id":3,"id":4,"method":"tools/call","params":%b}' % P,
+    "trailing garbage": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b}x' % P,
+    "truncated": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b' % P,
+    "a batch of one": b'[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":%b}]' % P,
+    "not utf-8 outside params": b'{"jsonrpc":"2.0","id":"\xff","method":"tools/call","params":%b}'
+    % P,
+}
+
 
 def _line(rid: Any, params: bytes) -> bytes:
     return b'{"jsonrpc":"2.0","id":%b,"method":"tools/call","params":%b}' % (
@@ -100,7 +140,7 @@ async def _both(
 ) -> tuple[Any, Any]:
     direct = await _run(nursery, lines)
     with monkeypatch.context() as m:
-        m.setattr(SessionRequests, "_tools_call_direct", lambda self, msg: False)
+        m.setattr(SessionRequests, "_call_direct", lambda self, client_id, call: False)
         general = await _run(nursery, lines)
     return direct, general
 
@@ -114,6 +154,42 @@ async def test_the_direct_path_answers_as_the_general_path(
     assert answers == general_answers
     assert sent == general_sent
     assert len(answers) == len(IDS)  # every request answered, once
+
+
+@pytest.mark.parametrize("case", sorted(LINES))
+async def test_a_line_of_any_shape_is_answered_as_the_general_path_answers_it(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Twice: the second time its id is in flight (or was answered) already.
+    (answers, sent), (general_answers, general_sent) = await _both(
+        nursery, monkeypatch, [LINES[case], LINES[case]]
+    )
+    assert answers == general_answers
+    assert sent == general_sent
+
+
+async def test_a_plain_line_is_decoded_once(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[bytes] = []
+    real = _requests.decode
+
+    def spy(line: bytes) -> Any:
+        if b"tools/call" in line:  # not the handshake's lines
+            decoded.append(line)
+        return real(line)
+
+    monkeypatch.setattr(_requests, "decode", spy)
+    answers, sent = await _run(nursery, [_line(1, CASES["plain"]), _line("two", CASES["meta"])])
+    assert decoded == []  # neither went through the envelope's decode
+    assert [a["id"] for a in answers] == [1, "two"]
+    assert sent == [
+        ("tools/call", {"name": "a", "arguments": {"text": "x"}}),
+        ("tools/call", {"name": "a", "_meta": {"trace": "t1"}}),
+    ]
+    # A line of another shape is decoded the general way (and still served directly).
+    await _run(nursery, [LINES["unknown envelope member"]])
+    assert len(decoded) == 1
 
 
 async def test_a_plain_call_takes_the_direct_path_and_reaches_the_upstream_renamed(

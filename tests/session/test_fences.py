@@ -15,7 +15,7 @@ from fakes import FakeNet, FakeServer, FakeWriter, LogLines, desired, make_pool,
 from msgspec import Raw
 
 from mcpool.protocol import Message
-from mcpool.session import Session
+from mcpool.session import Session, _flight
 
 INIT = {
     "jsonrpc": "2.0",
@@ -42,7 +42,7 @@ async def _attached(
     return out
 
 
-def _call(session: Session, rid: int) -> None:
+def _call(session: Session, rid: int | str) -> None:
     call = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": "srv__a"}}
     session.handle_line(json.dumps(call).encode())
 
@@ -54,25 +54,27 @@ async def test_a_failing_reply_closes_only_its_session(
     sessions = await _attached(nursery, net, ["victim", "bystander"])
     victim, victim_out, victim_logs = sessions["victim"]
     bystander, bystander_out, _ = sessions["bystander"]
-    _call(victim, 1)
-    _call(victim, 2)
+    # String ids: an answer to one is formatted by `response_line` (an int id's is formatted
+    # inline, with nothing there to sabotage).
+    _call(victim, "v1")
+    _call(victim, "v2")
     _call(bystander, 1)
     upstream = net.servers["srv"].current
-    real = Session.send
+    real = _flight.response_line
 
-    def sabotaged(self: Session, data: bytes) -> None:
-        if self.name == "victim" and b'"result"' in data:
+    def sabotaged(rid: Any, result: Any) -> bytes:
+        if rid == "v1":
             raise RuntimeError("a bug in the reply path")
-        real(self, data)
+        return real(rid, result)
 
-    monkeypatch.setattr(Session, "send", sabotaged)
+    monkeypatch.setattr(_flight, "response_line", sabotaged)
     first, second, third = (uid for uid, _, _ in upstream.sent)
     upstream.reply(first, {"content": []})  # the victim's: must not raise into the "reader"
     assert victim.closed
     assert "internal error in the answer from server 'srv'" in victim_logs[-1]
     assert "Traceback" in victim_logs[-1]
     # Its other call was answered with the closing error, and the upstream told to cancel it.
-    (closing,) = [f for f in victim_out.responses() if f["id"] == 2]
+    (closing,) = [f for f in victim_out.responses() if f["id"] == "v2"]
     assert closing["error"]["code"] == -31007
     assert [uid for uid, _ in upstream.cancelled] == [second]
     upstream.reply(third, {"content": [{"type": "text", "text": "fine"}]})
