@@ -1,6 +1,6 @@
 """Many sessions leaving at once (issue 17). DetachPacer (daemon/_connections.py): they get their
 turn to close a few per loop pass, every one of them, and a waiter that is cancelled takes no
-turn away from the others. IoEventQueue / order_io_events (daemon/_daemon.py): one loop pass
+turn away from the others. IoEventQueue / order_io_events (daemon/_loop.py): one loop pass
 wakes a bounded number of tasks waiting for I/O, live fds before hung-up ones, and the others on
 the next passes, none lost."""
 
@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from mcpool.daemon._connections import DetachPacer
-from mcpool.daemon._daemon import IoEventQueue, order_io_events
+from mcpool.daemon._loop import IoEventQueue, order_io_events
 
 WAIT = 5.0
 
