@@ -156,6 +156,18 @@ class FdWriter:
 READ_GONE = frozenset({errno.ECONNRESET, errno.EPIPE, errno.EBADF})
 
 
+def read_ready(fd: int) -> bytes | None:
+    """Read once without waiting: None when nothing is there now, b"" at end of file."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in READ_GONE:
+            return b""
+        raise
+
+
 async def read_some(fd: int) -> bytes:
     """Wait until fd is readable and read once; b"" means end of file.
 

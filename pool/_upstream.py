@@ -78,7 +78,7 @@ from mcpool.protocol import (
 
 from . import _eras
 from ._environ import upstream_environment
-from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_some
+from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_ready, read_some
 from ._spec import TransportIdentity, printable
 
 STDERR_LINES = 500  # what `daemonctl logs NAME` can show of one upstream
@@ -1013,17 +1013,13 @@ class StdioUpstream(Upstream):
                     if not widened and framer.pending() + size > BIG_MESSAGE:
                         widened = True
                         _widen_pipe(fd)
-                    try:
-                        data = os.read(fd, READ_CHUNK)
-                    except BlockingIOError:
+                    more = read_ready(fd)
+                    if more is None:
                         break
-                    except OSError as exc:
-                        if exc.errno not in READ_GONE:
-                            raise
-                        data = b""
-                    if not data:
+                    if not more:
                         ended = True
                         break
+                    data = more
                     chunks.append(data)
                     size += len(data)
                     if len(data) < READ_CHUNK:
