@@ -46,12 +46,16 @@ HEAP_BLOCKS_PER_CYCLE = 30
 # the in-memory log fills up to its 2,000 lines. Measured over cycles 100..300: +5% to +8.5% (once
 # +10.3% under load) in one or two 1-2 MiB steps; over 300..500 +0.7% to +1.2%, and flat from
 # about 1,000 to 3,000. So RSS is compared over the second half (the issue's 10% bound, once the
-# first half has taken the steps), and a leak is growth in both halves: a step lands in one, a
-# leak of RSS_LEAK_PER_CYCLE or more grows each by more (a closed session's objects alone are
-# about 250, tens of KiB). Second halves measured: +276 to +436 KiB; +920 KiB with the 4 MiB
-# settings reads daemon/_files.py read_bounded replaced (tests/daemon/test_files.py has that one).
+# first half has taken the steps), and a leak is growth in both halves beyond one arena step
+# (RSS_ARENA_STEP) and RSS_LEAK_PER_CYCLE a cycle: a step can land in either half (seen in a
+# clean-clone CI run: +1,776 then +1,216 KiB, heap blocks falling), a leaked session's objects
+# (about 250, tens of KiB a cycle) grow each half by several MiB. Second halves measured: +276 to
+# +1,216 KiB; +920 KiB with the 4 MiB settings reads daemon/_files.py read_bounded replaced, and
+# about +1,860 KiB with a probe leaking 10 KiB a session: leaks that small are the unit tests'
+# (tests/daemon/test_files.py), not this check's.
 RSS_TOLERANCE = 0.10
 RSS_LEAK_PER_CYCLE = 8 * 1024
+RSS_ARENA_STEP = 1024 * 1024  # one obmalloc arena (1 MiB since Python 3.10)
 FD_SETTLE_WAIT = 5.0  # a closed connection's fd is released within a loop turn or two
 # An answer to any call, even a failure, well within this: a crash fails in-flight calls at once.
 CALL_TIMEOUT = 15.0
@@ -222,7 +226,7 @@ async def test_attach_detach_churn_leaves_no_process_fd_or_memory_behind(
     )
     assert rss_after <= rss_half * (1 + RSS_TOLERANCE), (rss_before, rss_half, rss_after)
     growth = min(rss_half - rss_before, rss_after - rss_half)
-    assert growth <= RSS_LEAK_PER_CYCLE * half, (
+    assert growth <= RSS_ARENA_STEP + RSS_LEAK_PER_CYCLE * half, (
         f"RSS grew in both halves: {rss_before >> 10} -> {rss_half >> 10} -> {rss_after >> 10} KiB"
     )
 
