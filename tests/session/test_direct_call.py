@@ -114,9 +114,8 @@ def _line(rid: Any, params: bytes) -> bytes:
     )
 
 
-async def _run(nursery: trio.Nursery, lines: list[bytes]) -> tuple[list[Any], list[Any]]:
-    """What the client is answered and what the upstream is sent, for `lines` in order (each
-    forwarded call answered by the upstream with its own params echoed)."""
+async def _ready(nursery: trio.Nursery) -> tuple[Session, FakeWriter, FakeNet]:
+    """A handshake-era session past initialize, with one server "srv" of one tool "a"."""
     net = FakeNet(srv=FakeServer([tool("a")]))
     out, logs = FakeWriter(), LogLines()
     session = Session("s1", name="s1", cwd=None, pool=make_pool(nursery, net), out=out, log=logs)
@@ -125,6 +124,13 @@ async def _run(nursery: trio.Nursery, lines: list[bytes]) -> tuple[list[Any], li
     session.handle_line(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
     await trio.testing.wait_all_tasks_blocked()
     out.frames.clear()
+    return session, out, net
+
+
+async def _run(nursery: trio.Nursery, lines: list[bytes]) -> tuple[list[Any], list[Any]]:
+    """What the client is answered and what the upstream is sent, for `lines` in order (each
+    forwarded call answered by the upstream with its own params echoed)."""
+    session, out, net = await _ready(nursery)
     upstream: FakeUpstream = net.servers["srv"].current
     for line in lines:
         session.handle_line(line)
@@ -216,14 +222,7 @@ async def test_a_plain_call_takes_the_direct_path_and_reaches_the_upstream_renam
 async def test_an_id_in_flight_is_refused_before_the_direct_path(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    net = FakeNet(srv=FakeServer([tool("a")]))
-    out, logs = FakeWriter(), LogLines()
-    session = Session("s1", name="s1", cwd=None, pool=make_pool(nursery, net), out=out, log=logs)
-    await session.apply_settings({"srv": desired("srv", stdio())}, 1)
-    session.handle_line(json.dumps(INIT).encode())
-    session.handle_line(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
-    await trio.testing.wait_all_tasks_blocked()
-    out.frames.clear()
+    session, out, net = await _ready(nursery)
     session.handle_line(_line(9, CASES["plain"]))
     session.handle_line(_line(9, CASES["plain"]))
     upstream = net.servers["srv"].current
