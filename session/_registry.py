@@ -290,20 +290,21 @@ def _patched(
     tail: int,
     table: dict[str, Any],
     value: Callable[[_Item], Any],
+    key: Callable[[str], str] | None = None,
 ) -> dict[str, Any] | None:
-    """`table` (one entry per item of `before`, by exposed name) for `items`, which start with
-    `head` and end with `tail` of the very items of `before`: a copy (one C pass) with the
-    middle's entries replaced by `value` of each new middle item. None when the names do not
-    come out one per item (the caller then computes the table whole)."""
+    """`table` (one entry per item of `before`, by exposed name, or by `key` of it) for
+    `items`, which start with `head` and end with `tail` of the very items of `before`: a copy
+    (one C pass) with the middle's entries replaced by `value` of each new middle item. None
+    when the names do not come out one per item (the caller then computes the table whole)."""
     if len(table) != len(before):
         return None
     # copy(), not dict(): a table patched before has deleted slots, and dict() of such a dict
     # inserts entry by entry (10x the C copy copy() still makes).
     out = table.copy()
     for t in before[head : len(before) - tail]:
-        out.pop(t[0], None)
+        out.pop(t[0] if key is None else key(t[0]), None)
     for t in items[head : len(items) - tail]:
-        out[t[0]] = value(t)
+        out[t[0] if key is None else key(t[0])] = value(t)
     return out if len(out) == len(items) else None
 
 
@@ -556,19 +557,17 @@ def _names_patched(
     tail: int,
     names: dict[str, _Item],
 ) -> _OwnNames | None:
-    """`before`'s valid names, for `items` (see `_patched`): None unless every new middle
-    item passes the name rules and takes a name nobody else in `items` has."""
-    if len(names) != len(before):
+    """`before`'s valid names (by folded exposed name), for `items` (see `_patched`): None
+    unless every new middle item passes the name rules and takes a name nobody else in `items`
+    has (the full pass then finds which item is first to break a rule)."""
+    if any(_name_rule(t[1], "tool") is not None for t in items[head : len(items) - tail]):
         return None
-    out = names.copy()  # (see `_patched`)
-    for t in before[head : len(before) - tail]:
-        out.pop(t[0].casefold(), None)
-    for t in items[head : len(items) - tail]:
-        folded = t[0].casefold()
-        if folded in out or _name_rule(t[1], "tool") is not None:
-            return None  # the full pass finds which item is first to break a rule
-        out[folded] = t
-    return _OwnNames(out, None) if len(out) == len(items) else None
+    out = _patched(items, before, head, tail, names, _itself, str.casefold)
+    return _OwnNames(out, None) if out is not None else None
+
+
+def _itself(item: _Item) -> _Item:
+    return item
 
 
 def _validate_own(items: tuple[_Item, ...], kind: str) -> _OwnNames:
