@@ -31,18 +31,16 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psutil
-from _common import FAKE, FAST, Daemon, LineConn, fake, kill_tree, table, write_result
-from latency import reference
+from _common import FAST, Daemon, fake, kill_tree, table, write_result
+from latency import reference, start_reference
 
 WARMUP = 2000
 TARGET_RATIO = 1.3  # issue 17: mcpool's CPU per call at most 1.3 x the trio-watch reference's
@@ -136,29 +134,10 @@ def callgrind_main(args: argparse.Namespace) -> None:
     out_dir = tempfile.mkdtemp(prefix="mcpool-callgrind-")
     results: dict[str, float] = {}
     sock_path = os.path.join(out_dir, "relay.sock")
-    relay = subprocess.Popen(
-        [
-            *_callgrind(out_dir, "reference"),
-            sys.executable,
-            os.path.join(os.path.dirname(__file__), "_relay.py"),
-            "trio-watch",
-            sock_path,
-            "--",
-            sys.executable,
-            str(FAKE),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **FAST},
-        start_new_session=True,
+    relay, s, conn = start_reference(
+        "trio-watch", sock_path, wrapper=_callgrind(out_dir, "reference")
     )
     try:
-        assert relay.stdout is not None
-        relay.stdout.readline()  # "ready"
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(sock_path)
-        conn = LineConn(s.makefile("rb"), s.makefile("wb"))
-        conn.handshake_and_list()
         for i in range(CALLGRIND_WARMUP):
             conn.call(_msg("echo", i))
         n = _instructions(

@@ -113,10 +113,16 @@ def direct() -> Path_:
     return Path_("direct stdio", "echo", conn.call, lambda: kill_tree(proc))
 
 
-def reference(mode: str, workdir: str) -> Path_:
-    sock_path = os.path.join(workdir, f"relay-{mode}.sock")
+def start_reference(
+    mode: str, sock_path: str, wrapper: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], Any, LineConn]:
+    """A reference relay of `_relay.py` (`wrapper` before it, e.g. callgrind) in front of the
+    fast fake, ready, with a client connected and past the handshake: (relay, socket, conn)."""
+    import socket
+
     relay = subprocess.Popen(
         [
+            *(wrapper or []),
             sys.executable,
             os.path.join(os.path.dirname(__file__), "_relay.py"),
             mode,
@@ -132,12 +138,15 @@ def reference(mode: str, workdir: str) -> Path_:
     )
     assert relay.stdout is not None
     relay.stdout.readline()  # "ready"
-    import socket
-
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
     conn = LineConn(s.makefile("rb"), s.makefile("wb"))
     conn.handshake_and_list()
+    return relay, s, conn
+
+
+def reference(mode: str, workdir: str) -> Path_:
+    relay, s, conn = start_reference(mode, os.path.join(workdir, f"relay-{mode}.sock"))
 
     def cleanup() -> None:
         s.close()
