@@ -122,14 +122,21 @@ def upstream_of(net: FakeNet) -> Recording:
     return upstream
 
 
-async def test_an_upstream_request_mid_call_is_answered_through_input_required(
-    nursery: trio.Nursery,
-) -> None:
+async def asked(nursery: trio.Nursery) -> tuple[Any, Recording, int]:
+    """One attached client whose call 1 the upstream (request `uid`) answers by eliciting
+    (its request 70): the state most of these tests start from."""
     net, (client,) = await attached(nursery)
     client.call(1)
     up = upstream_of(net)
     ((uid, _, _),) = up.sent
     up.ask(70, "elicitation/create", ELICIT)
+    return client, up, uid
+
+
+async def test_an_upstream_request_mid_call_is_answered_through_input_required(
+    nursery: trio.Nursery,
+) -> None:
+    client, up, uid = await asked(nursery)
     result = client.answer(1)["result"]
     assert result["resultType"] == "input_required"
     assert result["inputRequests"] == {
@@ -157,11 +164,7 @@ async def test_an_upstream_request_mid_call_is_answered_through_input_required(
 async def test_an_answer_that_comes_before_the_retry_is_the_retrys(
     nursery: trio.Nursery,
 ) -> None:
-    net, (client,) = await attached(nursery)
-    client.call(1)
-    up = upstream_of(net)
-    ((uid, _, _),) = up.sent
-    up.ask(70, "elicitation/create", ELICIT)
+    client, up, uid = await asked(nursery)
     state = client.answer(1)["result"]["requestState"]
     up.reply(uid, {"content": [{"type": "text", "text": "gave up asking"}]})
     assert [r[0] for r in up.refusals] == [70]  # its request is moot: the call ended
@@ -180,10 +183,7 @@ async def test_an_answer_that_comes_before_the_retry_is_the_retrys(
 async def test_a_forged_or_misplaced_state_is_rejected_and_the_call_still_waits(
     nursery: trio.Nursery, change: dict[str, Any], why: str
 ) -> None:
-    net, (client,) = await attached(nursery)
-    client.call(1)
-    up = upstream_of(net)
-    up.ask(70, "elicitation/create", ELICIT)
+    client, up, _uid = await asked(nursery)
     state = client.answer(1)["result"]["requestState"]
     tool_name = change.get("tool_name", "srv__a")
     bad_state = change.get("requestState", state)
@@ -222,11 +222,7 @@ async def test_a_state_is_good_for_one_retry_and_for_its_own_session_only(
 async def test_a_retry_that_never_comes_ends_the_upstreams_request_and_call(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
-    net, (client,) = await attached(nursery)
-    client.call(1)
-    up = upstream_of(net)
-    ((uid, _, _),) = up.sent
-    up.ask(70, "elicitation/create", ELICIT)
+    client, up, uid = await asked(nursery)
     state = client.answer(1)["result"]["requestState"]
     await trio.sleep(INPUT_RETRY_TIMEOUT - 1)
     assert not up.refusals and not up.cancelled
@@ -239,22 +235,14 @@ async def test_a_retry_that_never_comes_ends_the_upstreams_request_and_call(
 
 
 async def test_a_session_that_closes_lets_go_of_its_held_calls(nursery: trio.Nursery) -> None:
-    net, (client,) = await attached(nursery)
-    client.call(1)
-    up = upstream_of(net)
-    ((uid, _, _),) = up.sent
-    up.ask(70, "elicitation/create", ELICIT)
+    client, up, uid = await asked(nursery)
     client.session.close("the client disconnected")
     assert [(r[0], r[1]) for r in up.refusals] == [(70, -31007)]
     assert [c[0] for c in up.cancelled] == [uid]
 
 
 async def test_a_cancelled_retry_cancels_the_held_call(nursery: trio.Nursery) -> None:
-    net, (client,) = await attached(nursery)
-    client.call(1)
-    up = upstream_of(net)
-    ((uid, _, _),) = up.sent
-    up.ask(70, "elicitation/create", ELICIT)
+    client, up, uid = await asked(nursery)
     state = client.answer(1)["result"]["requestState"]
     client.call(2, inputResponses={"elicitation-1": NAME}, requestState=state)
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
