@@ -55,6 +55,7 @@ from ._jsonrpc import (
     request_line,
     response,
     response_line,
+    split_result,
     to_raw,
 )
 from ._versions import (
@@ -138,5 +139,6 @@ __all__ = [
     "request_line",
     "response",
     "response_line",
+    "split_result",
     "to_raw",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "request_line",
     "response",
     "response_line",
+    "split_result",
     "to_raw",
 ]
 
@@ -149,6 +150,56 @@ _params_decoder = msgspec.json.Decoder(dict[str, Any])
 _encoder = msgspec.json.Encoder()
 
 _BYTE_OFFSET = re.compile(r"\(byte (\d+)\)")
+
+# A result response as the SDKs write it compactly: Python's (members in declaration order) and
+# TypeScript's (the result first), each with an id of ours (a non-negative int).
+_RESULT_HEAD = b'{"jsonrpc":"2.0","id":'
+_RESULT_KEY = b',"result":'
+_RESULT_FIRST = b'{"result":'
+_RESULT_TAIL = b',"jsonrpc":"2.0","id":'
+_ID_DIGITS = 19  # at most: a 64-bit id
+_BLANKS = b" \t\r\n"
+
+
+def _our_id(digits: bytes) -> int | None:
+    """`digits` as a JSON integer of ours: ASCII digits, no leading zero, no sign."""
+    if not digits.isdigit() or not digits.isascii() or (len(digits) > 1 and digits[0] == 48):
+        return None
+    return int(digits)
+
+
+def split_result(line: bytes) -> tuple[int, memoryview] | None:
+    """The id and the result's bytes of a compact result response, found by position alone.
+
+    Nothing is parsed: the result is not checked to be one JSON value. This is for a caller
+    that parses the result itself (a list page, pool/_reuse.py) and, when that fails, decodes
+    the whole line with `decode`: a line with other members than these three, or with blanks
+    between them, is either not split (None) or split into a result that does not parse.
+    """
+    end = len(line)
+    while end and line[end - 1] in _BLANKS:
+        end -= 1
+    if end < 2 or line[end - 1] != 125:  # "}"
+        return None
+    if line.startswith(_RESULT_HEAD):
+        start = len(_RESULT_HEAD)
+        key = line.find(_RESULT_KEY, start, start + _ID_DIGITS + len(_RESULT_KEY))
+        if key < 0:
+            return None
+        uid = _our_id(line[start:key])
+        body = key + len(_RESULT_KEY)
+        if uid is None or body >= end - 1:
+            return None
+        return uid, memoryview(line)[body : end - 1]
+    if line.startswith(_RESULT_FIRST):
+        tail = line.rfind(_RESULT_TAIL, max(0, end - 1 - _ID_DIGITS - len(_RESULT_TAIL)), end - 1)
+        if tail < len(_RESULT_FIRST) + 1:
+            return None
+        uid = _our_id(line[tail + len(_RESULT_TAIL) : end - 1])
+        if uid is None:
+            return None
+        return uid, memoryview(line)[len(_RESULT_FIRST) : tail]
+    return None
 
 
 def decode(line: bytes) -> Message | list[Message]:

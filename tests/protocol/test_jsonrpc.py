@@ -32,6 +32,7 @@ from mcpool.protocol import (
     request_line,
     response,
     response_line,
+    split_result,
     to_raw,
 )
 
@@ -420,3 +421,70 @@ def test_decode_accepts_exactly_the_valid_envelopes(line: bytes, valid: bool) ->
             decode(line)
         with pytest.raises(InvalidRequest):
             decode(b"[" + line + b"]")
+
+
+# -- split_result: a result response cut at its envelope, by position alone --------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_members = st.lists(
+    st.sampled_from(["jsonrpc", "id", "result", "error", "extra", "id2"]), min_size=1, max_size=5
+)
+
+
+def _member(name: str, uid: int, result: Any) -> bytes:
+    value: Any = {
+        "jsonrpc": "2.0",
+        "id": uid,
+        "result": result,
+        "error": {"code": 1, "message": "m"},
+        "extra": [1],
+        "id2": uid + 1,
+    }[name]
+    key = "id" if name == "id2" else name
+    return msgspec.json.encode(key) + b":" + msgspec.json.encode(value)
+
+
+@given(_members, st.integers(min_value=0, max_value=2**40), _json_values, st.booleans())
+def test_a_split_result_that_parses_is_the_whole_lines_result(
+    names: list[str], uid: int, result: Any, spaced: bool
+) -> None:
+    """Whenever `split_result` cuts a line and the cut parses as one value, the line is a
+    result response with exactly that id and result: the caller's fallback (decoding the
+    whole line) is only needed when the cut does not parse."""
+    sep = b", " if spaced else b","
+    line = b"{" + sep.join(_member(n, uid, result) for n in names) + b"}"
+    split = split_result(line)
+    if split is None:
+        return
+    try:
+        cut = msgspec.json.decode(split[1])
+    except msgspec.DecodeError:
+        return
+    whole = msgspec.json.decode(line)
+    assert whole == {"jsonrpc": "2.0", "id": split[0], "result": cut}
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b'{"jsonrpc":"2.0","id":7,"result":{"a":1}}', (7, b'{"a":1}')),
+        (b'{"result":[1,2],"jsonrpc":"2.0","id":12}\n', (12, b"[1,2]")),
+        (b'{"jsonrpc":"2.0","id":"7","result":{}}', None),  # not an id of ours
+        (b'{"jsonrpc":"2.0","id":07,"result":{}}', None),  # not a JSON number
+        (b'{"jsonrpc":"2.0","id":-1,"result":{}}', None),
+        (b'{"jsonrpc":"2.0","id":7,"result":}', None),
+        (b'{"jsonrpc":"2.0","method":"x"}', None),
+        (b"", None),
+    ],
+)
+def test_split_result_cuts_only_the_sdks_compact_envelopes(
+    line: bytes, expected: tuple[int, bytes] | None
+) -> None:
+    split = split_result(line)
+    assert (None if split is None else (split[0], bytes(split[1]))) == expected
