@@ -9,6 +9,7 @@ below it define.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import trio
@@ -21,7 +22,7 @@ from ._forwarding import SessionForwarding
 from ._names import name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
 from ._registry import LIST_KINDS, CandidateRejected, RegistryGeneration, build_candidate
-from ._view import SessionView
+from ._view import SessionView, shared_projection
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -163,8 +164,22 @@ class SessionGenerations(SessionForwarding):
         """Build and publish the next generation; `reason` (settings, upstream, budget) is for
         the log. A server whose part is rejected keeps its fallback (`build_candidate`), and
         the rest, policy changes included, is published (S3, S8)."""
+        # Runs once per session of a changed entry (200 sessions: 200 times per list_changed),
+        # so `fresh_part`, the logging check and the rejections' bookkeeping are inlined.
         views = list(self.views.values())
-        fresh = [v.fresh_part() for v in views]
+        budget = self.name_budget
+        fresh = []
+        for view in views:
+            handle = view.handle
+            assert handle is not None
+            entry = handle.entry
+            snapshot = entry.snapshot
+            fresh.append(
+                (
+                    shared_projection(entry, snapshot, view.key, view.name, view.prefix, budget),
+                    snapshot,
+                )
+            )
         # The views and their projections (compared by identity: Projection has eq=False).
         signature = (*views, *[part[0] for part in fresh])
         if self.ready and signature == self._signature:
@@ -178,13 +193,17 @@ class SessionGenerations(SessionForwarding):
             fresh=fresh,
         )
         self._signature = signature
-        self._record_rejections(cand.rejected)
-        changed = list(cand.changed) if cand.changed is not None else cand.changed_kinds(prev)
+        if cand.rejected or self.registry_errors:
+            self._record_rejections(cand.rejected)
+        else:
+            self.last_error = None
+        changed = cand.changed if cand.changed is not None else cand.changed_kinds(prev)
         if not (self.ready and cand.agg is prev.agg and cand.views == prev.views):
             # (A candidate that serves exactly what is served, a rejected part's fallback
             # included, is no new generation.)
             self.registry = cand
-            self._log_generation(cand, changed, reason)
+            if self._log_enabled("debug"):
+                self._log_generation(cand, changed, reason)
         if not self.ready:
             self._become_ready()
             return
@@ -213,9 +232,11 @@ class SessionGenerations(SessionForwarding):
         self.registry_errors = errors
         self.last_error = "; ".join(errors.values()) or None
 
-    def _log_generation(self, gen: RegistryGeneration, changed: list[str], reason: str) -> None:
-        if not self._log_enabled("debug"):
-            return  # (formatted for nothing 200 times when 200 sessions move at once)
+    def _log_generation(
+        self, gen: RegistryGeneration, changed: Sequence[str], reason: str
+    ) -> None:
+        # (Called only when debug lines are kept: formatted for nothing 200 times when 200
+        # sessions move at once, otherwise.)
         counts = (
             f"{len(gen.tools)} tools, {len(gen.prompts)} prompts, {len(gen.resources)} "
             f"resources, {len(gen.resource_templates)} resource templates"
@@ -273,12 +294,14 @@ class SessionGenerations(SessionForwarding):
 
     def _write_pending(self) -> None:
         kinds, self.pending_kinds = self.pending_kinds, set()
+        if self.era is not MODERN:
+            for kind in LIST_KINDS:
+                if kind in kinds:
+                    self.notifications_sent += 1
+                    self.send(_LIST_CHANGED[kind])
+            return
         for kind in LIST_KINDS:
             if kind not in kinds:
-                continue
-            if self.era is not MODERN:
-                self.notifications_sent += 1
-                self.send(_LIST_CHANGED[kind])
                 continue
             method = f"notifications/{kind}/list_changed"
             # 2026-07-28: only on the listen streams that asked, stamped with their id.

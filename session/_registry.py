@@ -398,7 +398,7 @@ def build_candidate(
     if previous is not None and previous.views == held and moves is not None:
         # The same views as before (a relist, the common move): view i served part i, the
         # previous aggregate's (whose moves these are, so the key need not name them).
-        move_key = (*[id(f[0]) for f in fresh], *map(id, previous.good))
+        move_key = (*map(id, map(_first, fresh)), *map(id, previous.good))
         move = moves.get(move_key)
     if move is None:
         before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
