@@ -1,6 +1,7 @@
 """mcpool.pool: upstream servers keyed by transport identity, shared between sessions."""
 
 from ._entry import (
+    NO_LISTENER,
     TERMINAL_STATES,
     EntryEvent,
     EntryKey,
@@ -44,6 +45,7 @@ from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
+    "NO_LISTENER",
     "READ_CHUNK",
     "READ_GONE",
     "SNAPSHOT_FORMAT",

@@ -170,6 +170,25 @@ class EntryListener(Protocol):
         ...
 
 
+class _NoListener:
+    """The listener of a released handle whose session has gone (`NO_LISTENER`): what still
+    reaches the handle (a late progress notification of a cancelled call) is dropped, and the
+    handle no longer keeps the session alive."""
+
+    __slots__ = ()
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        pass
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
+        return "the session that held this lease has gone"
+
+
+NO_LISTENER: EntryListener = _NoListener()
+
 _NO_URIS: frozenset[str] = frozenset()
 
 
@@ -177,6 +196,7 @@ class Handle:
     """One session's lease on one entry. Identity and settings are captured copies (I2)."""
 
     __slots__ = (
+        "__weakref__",  # what a leak hunt (and its test) watches a released handle with
         "_log_level",
         "entry",
         "handle_id",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from mcpool import __version__
-from mcpool.pool import Pool
+from mcpool.pool import NO_LISTENER, Pool
 from mcpool.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -33,7 +33,7 @@ from mcpool.protocol import (
 from ._eras import MODERN, Batch, modern_result
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
 from ._input import is_ours
-from ._registry import RegistryGeneration, Route
+from ._registry import RegistryGeneration, Route, empty_generation
 from ._view import SessionView
 
 if TYPE_CHECKING:
@@ -43,11 +43,13 @@ SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
 
 _NO_PARKED: dict[Any, Any] = {}  # shared and never written: `_park` gives a session its own
+_CLOSED_GENERATION = empty_generation()  # what a closed session serves: nothing (never written)
 
 
 class SessionCore:
     # Slots: a daemon holds one Session per attached window, many of them idle.
     __slots__ = (
+        "__weakref__",  # what a leak hunt (and its test) watches a closed session with
         "_backlog",
         "_batch",
         "_budget_settings",
@@ -155,6 +157,15 @@ class SessionCore:
             if view.handle is not None:
                 self.pool.release(view.handle)
 
+    @staticmethod
+    def _let_go_view(view: SessionView) -> None:
+        """A view the session no longer uses, on a released handle: once nothing of it is at
+        the upstream (no reply or progress can reach it), its handle stops pointing at it (the
+        two are a reference cycle, and the view points at the session)."""
+        handle = view.handle
+        if handle is not None and handle.released and handle.in_flight == 0:
+            handle.listener = NO_LISTENER
+
     def holds(self, view: SessionView) -> bool:
         """S8: whether `view` is still this session's, on a handle it holds. The generation
         being served may predate a settings change that removed, disabled or replaced its
@@ -225,8 +236,26 @@ class SessionCore:
         self.listens.clear()
         self.release_all()
         self._notify_wake.set()
-        if self.on_close is not None:
-            self.on_close(cast("Session", self))  # every room is part of a Session
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close(cast("Session", self))  # every room is part of a Session
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """A closed session keeps no reference cycle: its views point back at it and their
+        handles at them, so a session, its views, handles and generations would otherwise live
+        on until a full collection (rare in the daemon: it freezes the heap and collects the
+        young generation seldom), hundreds of objects per closed session. Its handles are
+        released by now: what still reaches one (a late progress notification of a cancelled
+        call) reaches nobody."""
+        for view in self.views.values():
+            if view.handle is not None:
+                view.handle.listener = NO_LISTENER
+        self.views = {}
+        self.registry = _CLOSED_GENERATION
+        self._signature = ()
+        # The connection's nursery (its notifier spawner): nothing is spawned for it any more.
+        self.spawn = None
 
     def _answer_unfinished(self, reason: str) -> None:
         """Every request still waiting (forwarded, a listen stream, the backlog) gets a
@@ -244,6 +273,9 @@ class SessionCore:
         for flight in list(self.inflight.values()):
             flight.upstream.cancel(flight.uid, reason)
             flight.finish()
+            # (Its handle may be one a reconciliation let go while this call was out, whose
+            # view was kept for it: the two let go of each other too, see `_let_go`.)
+            flight.handle.listener = NO_LISTENER
             answer(flight.client_id, flight.batch)
         self.inflight.clear()
         for listen_id in self.listens:
