@@ -184,6 +184,22 @@ class SessionCore:
             return None
         return route if view.key.allows(route.upstream_name) else None
 
+    def refusal(self, route: Route) -> str | None:
+        """Why a call or get routed by `route` (a route of the served generation) is refused
+        now, or None when it goes through: `_allows`, with its reason. While a reload waits for
+        new servers the generation served predates the settings (S7, S8), and what they no
+        longer allow is still listed until it is published (`daemonctl tools` says so)."""
+        view = route.view
+        if not self.holds(view):
+            return (
+                f"server '{view.name}' is no longer this session's (removed, disabled or "
+                "replaced in its settings); still listed until the reload ends"
+            )
+        allowed, rule = view.key.explain(route.upstream_name)
+        if not allowed:
+            return f"hidden by policy ({rule}); still listed until the reload ends"
+        return None
+
     def send(self, data: bytes) -> None:
         if self.closed:
             return
