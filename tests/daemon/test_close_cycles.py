@@ -10,11 +10,14 @@ whatever a detach leaves in a reference cycle is memory that grows with every at
 from __future__ import annotations
 
 import gc
+import socket
 import weakref
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import trio
 import trio.testing
@@ -28,12 +31,9 @@ STEP_TIMEOUT = 10.0  # an in-process round trip takes milliseconds; this only bo
 DAEMON = {"drainGrace": 0.05, "maxIdle": 0.1}
 
 
-@pytest.fixture
-async def daemon(sock_dir: Path, tmp_path: Path, no_collector: None) -> AsyncIterator[Daemon]:
-    servers = {"own": {**fake_server(), "scope": "session"}, "shared": fake_server()}
-    config = write_settings(tmp_path / "config.json", servers, daemon=DAEMON)
+@asynccontextmanager
+async def running(d: Daemon) -> AsyncIterator[Daemon]:
     threshold = gc.get_threshold()
-    d = Daemon(str(sock_dir / "daemon.sock"), str(config))
     async with trio.open_nursery() as nursery:
         status: list[int] = []
 
@@ -42,7 +42,7 @@ async def daemon(sock_dir: Path, tmp_path: Path, no_collector: None) -> AsyncIte
 
         nursery.start_soon(run)
         with trio.fail_after(STEP_TIMEOUT):
-            while not (sock_dir / "daemon.sock").exists() or d.pool is None:
+            while not Path(d.sock_path).exists() or d.pool is None:
                 await trio.sleep(0.01)
         yield d
         d.stop_requested.set()
@@ -53,6 +53,32 @@ async def daemon(sock_dir: Path, tmp_path: Path, no_collector: None) -> AsyncIte
     gc.unfreeze()
     gc.set_threshold(*threshold)
     assert status == [0]
+
+
+def new_daemon(sock_dir: Path, tmp_path: Path) -> Daemon:
+    servers = {"own": {**fake_server(), "scope": "session"}, "shared": fake_server()}
+    config = write_settings(tmp_path / "config.json", servers, daemon=DAEMON)
+    return Daemon(str(sock_dir / "daemon.sock"), str(config))
+
+
+@pytest.fixture
+async def daemon(sock_dir: Path, tmp_path: Path, no_collector: None) -> AsyncIterator[Daemon]:
+    async with running(new_daemon(sock_dir, tmp_path)) as d:
+        yield d
+
+
+@pytest.fixture
+async def http_daemon(
+    sock_dir: Path, tmp_path: Path, no_collector: None
+) -> AsyncIterator[tuple[Daemon, int]]:
+    d = new_daemon(sock_dir, tmp_path)
+    port = free_port()
+    d.http_bind = ("127.0.0.1", port, False)
+    async with running(d):
+        with trio.fail_after(STEP_TIMEOUT):
+            while not await _listening(port):
+                await trio.sleep(0.01)
+        yield d, port
 
 
 async def test_a_detached_session_and_its_closed_entry_go_without_the_collector(
@@ -87,3 +113,58 @@ async def test_a_detached_session_and_its_closed_entry_go_without_the_collector(
 def _has_entry(daemon: Daemon, name: str) -> bool:
     assert daemon.pool is not None
     return any(e.name == name for e in daemon.pool.entries())
+
+
+async def test_an_ended_http_session_goes_without_the_collector(
+    http_daemon: tuple[Daemon, int],
+) -> None:
+    daemon, port = http_daemon
+    url = f"http://127.0.0.1:{port}/mcp"
+    headers = {"accept": "application/json, text/event-stream"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    refs: dict[str, weakref.ref[Any]] = {}
+    async with httpx2.AsyncClient(timeout=STEP_TIMEOUT) as http:
+        r = await http.post(url, json=init, headers=headers)
+        assert r.status_code == 200, r.text
+        headers["mcp-session-id"] = r.headers["mcp-session-id"]
+        call = {"name": "shared__echo", "arguments": {"text": "x"}}
+        r = await http.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call},
+            headers=headers,
+        )
+        assert r.status_code == 200 and '"x"' in r.text, r.text
+        (state,) = daemon.sessions.values()
+        refs["session"] = weakref.ref(state.session)
+        del state
+        r = await http.delete(url, headers={"mcp-session-id": headers["mcp-session-id"]})
+        assert r.status_code == 200
+    with trio.fail_after(STEP_TIMEOUT):
+        await wait_until(lambda: not daemon.sessions)
+        await trio.testing.wait_all_tasks_blocked()
+    assert sorted(name for name, ref in refs.items() if ref() is not None) == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _listening(port: int) -> bool:
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
