@@ -1,7 +1,6 @@
 """mcpool.pool: upstream servers keyed by transport identity, shared between sessions."""
 
 from ._entry import (
-    NO_LISTENER,
     TERMINAL_STATES,
     EntryEvent,
     EntryKey,
@@ -45,7 +44,6 @@ from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
-    "NO_LISTENER",
     "READ_CHUNK",
     "READ_GONE",
     "SNAPSHOT_FORMAT",

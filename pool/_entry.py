@@ -171,9 +171,8 @@ class EntryListener(Protocol):
 
 
 class _NoListener:
-    """The listener of a released handle whose session has gone (`NO_LISTENER`): what still
-    reaches the handle (a late progress notification of a cancelled call) is dropped, and the
-    handle no longer keeps the session alive."""
+    """The listener of a released handle nothing reaches any more (`PoolEntry.let_go`): were
+    anything to, it would be dropped; and the handle no longer keeps its session alive."""
 
     __slots__ = ()
 
@@ -398,4 +397,15 @@ class PoolEntry:
         return upstream_token
 
     def unregister_progress(self, upstream_token: str) -> None:
-        self.progress_routes.pop(upstream_token, None)
+        route = self.progress_routes.pop(upstream_token, None)
+        if route is not None and route[0].released:
+            self.let_go(route[0])
+
+    def let_go(self, handle: Handle) -> None:
+        """A released handle's listener is needed only by the progress routes of its calls
+        still out (nothing else reaches a handle that left `handles`); once none is left, it
+        points at NO_LISTENER. A session's view and its handle point at each other (and the
+        view at its session): a reference cycle that would keep a closed session, or a view a
+        reconciliation let go, alive until a full collection."""
+        if not any(route[0] is handle for route in self.progress_routes.values()):
+            handle.listener = NO_LISTENER

@@ -353,6 +353,7 @@ class Pool:
         entry = handle.entry
         level_before = entry.effective_log_level()
         unheld = entry.remove_handle(handle)  # O(1): counts, not a pass over the handles
+        entry.let_go(handle)
         upstream = entry.upstream
         if upstream is not None and upstream.alive:
             for uri in unheld:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from mcpool import __version__
-from mcpool.pool import NO_LISTENER, Pool
+from mcpool.pool import Pool
 from mcpool.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -157,15 +157,6 @@ class SessionCore:
             if view.handle is not None:
                 self.pool.release(view.handle)
 
-    @staticmethod
-    def _let_go_view(view: SessionView) -> None:
-        """A view the session no longer uses, on a released handle: once nothing of it is at
-        the upstream (no reply or progress can reach it), its handle stops pointing at it (the
-        two are a reference cycle, and the view points at the session)."""
-        handle = view.handle
-        if handle is not None and handle.released and handle.in_flight == 0:
-            handle.listener = NO_LISTENER
-
     def holds(self, view: SessionView) -> bool:
         """S8: whether `view` is still this session's, on a handle it holds. The generation
         being served may predate a settings change that removed, disabled or replaced its
@@ -258,15 +249,11 @@ class SessionCore:
         self._let_go()
 
     def _let_go(self) -> None:
-        """A closed session keeps no reference cycle: its views point back at it and their
-        handles at them, so a session, its views, handles and generations would otherwise live
-        on until a full collection (rare in the daemon: it freezes the heap and collects the
-        young generation seldom), hundreds of objects per closed session. Its handles are
-        released by now: what still reaches one (a late progress notification of a cancelled
-        call) reaches nobody."""
-        for view in self.views.values():
-            if view.handle is not None:
-                view.handle.listener = NO_LISTENER
+        """A closed session keeps no reference cycle: its views point back at it (and the
+        pool's released handles no longer at them, `Pool.release`), so a session, its views,
+        handles and generations would otherwise live on until a full collection (rare in the
+        daemon: it freezes the heap and collects the young generation seldom), hundreds of
+        objects per closed session."""
         self.views = {}
         self.registry = _CLOSED_GENERATION
         self._signature = ()
@@ -289,9 +276,6 @@ class SessionCore:
         for flight in list(self.inflight.values()):
             flight.upstream.cancel(flight.uid, reason)
             flight.finish()
-            # (Its handle may be one a reconciliation let go while this call was out, whose
-            # view was kept for it: the two let go of each other too, see `_let_go`.)
-            flight.handle.listener = NO_LISTENER
             answer(flight.client_id, flight.batch)
         self.inflight.clear()
         for listen_id in self.listens:

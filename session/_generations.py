@@ -73,7 +73,6 @@ class SessionGenerations(SessionForwarding):
                     assert old is not None
                     assert old.handle is not None
                     self.pool.release(old.handle)
-                    self._let_go_view(old)
                     replay = True
                     continue
                 assert d is not None
@@ -90,7 +89,6 @@ class SessionGenerations(SessionForwarding):
                     if old is not None and old.handle is not None:
                         # Replaced by other transport settings: closed at once if now unused.
                         self.pool.release(old.handle, replaced=True)
-                        self._let_go_view(old)
                     session = cast("Session", self)  # every room is part of a Session
                     view = SessionView(
                         session, d.name, d.key, prefix=d.settings.prefix, source=d.source

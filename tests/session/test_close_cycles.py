@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from msgspec import Raw
 
 from mcpool.pool import Pool, ServerSettings
 from mcpool.session import Session
@@ -129,3 +130,29 @@ async def test_a_view_let_go_by_a_reconciliation_goes_without_the_collector(
     await session.apply_settings({}, 3)  # the server removed
     await settle()
     assert dead(removed) == []
+
+
+@pytest.mark.usefixtures("no_collector")
+async def test_a_view_let_go_while_its_call_is_out_goes_once_the_call_ends(
+    nursery: trio.Nursery,
+) -> None:
+    net = FakeNet(srv=FakeServer([tool("a")]))
+    pool = make_pool(nursery, net)
+    session, out = await attach(nursery, pool, {"srv": stdio("srv")})
+    params = {"name": "srv__a", "arguments": {}, "_meta": {"progressToken": "p1"}}
+    send(session, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    up = net.servers["srv"].current
+    uid, _method, sent = up.sent[-1]
+    replaced = watch(session)
+    del replaced["session"]
+    await session.apply_settings({"srv": desired("srv", stdio("srv", args=["--v2"]))}, 2)
+    await settle()
+    # The call goes on on the old handle: its progress and its answer still reach the client.
+    progress = {"progressToken": sent["_meta"]["progressToken"], "progress": 1}
+    up.events.on_notification("notifications/progress", Raw(json.dumps(progress).encode()))
+    assert [f["params"]["progressToken"] for f in out.frames if "method" in f] == ["p1"]
+    assert dead(replaced) == ["handle srv", "view srv"]
+    up.reply(uid, {"content": []})
+    assert [r["id"] for r in out.responses()] == ["init", 1]
+    await settle()
+    assert dead(replaced) == []
