@@ -249,11 +249,11 @@ class SessionCore:
         self._let_go()
 
     def _let_go(self) -> None:
-        """A closed session keeps no reference cycle: its views point back at it (and the
-        pool's released handles no longer at them, `Pool.release`), so a session, its views,
-        handles and generations would otherwise live on until a full collection (rare in the
-        daemon: it freezes the heap and collects the young generation seldom), hundreds of
-        objects per closed session."""
+        """A closed session lets go of its views and generation, which point back at it: a
+        reference cycle that kept the session, its views, handles and generations (hundreds of
+        objects) until a full collection, rare in the daemon (it freezes its heap and collects
+        the young generation seldom). Its released handles let go of the views in the pool
+        (`PoolEntry.let_go`)."""
         self.views = {}
         self.registry = _CLOSED_GENERATION
         self._signature = ()
