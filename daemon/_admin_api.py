@@ -319,21 +319,33 @@ class AdminApi(SettingsHost):
         return st
 
     async def _admin_tools(self, params: _admin.ToolsParams) -> list[dict[str, Any]]:
+        """What the session's client is served, each item with what a call (or get) of it
+        does now: an item the current settings no longer allow is still served while a reload
+        waits for new servers, and its calls are refused (S8). Such a row is kept, marked
+        (`callable` false, `refused` says why), rather than left out: the client lists it
+        until the reload ends, and the user comparing the two should see why it fails."""
         st = self._session_state(params.session)
         server = params.server
-        gen = st.session.registry
-        return [
-            {
-                "exposed": exposed,
-                "kind": kind,
-                "server": route.view.name,
-                "entry": route.view.handle.lifecycle_id if route.view.handle else None,
-                "upstream": route.upstream_name,
-            }
-            for kind, routes in (("tool", gen.tool_routes), ("prompt", gen.prompt_routes))
-            for exposed, route in routes.items()
-            if not server or route.view.name == server
-        ]
+        session = st.session
+        gen = session.registry
+        rows = []
+        for kind, routes in (("tool", gen.tool_routes), ("prompt", gen.prompt_routes)):
+            for exposed, route in routes.items():
+                if server and route.view.name != server:
+                    continue
+                refused = session.refusal(route)
+                rows.append(
+                    {
+                        "exposed": exposed,
+                        "kind": kind,
+                        "server": route.view.name,
+                        "entry": route.view.handle.lifecycle_id if route.view.handle else None,
+                        "upstream": route.upstream_name,
+                        "callable": refused is None,
+                        "refused": refused,
+                    }
+                )
+        return rows
 
     async def _admin_stop(self, params: _admin.NoParams) -> dict[str, Any]:
         self.request_stop()

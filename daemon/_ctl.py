@@ -809,13 +809,15 @@ def _render_tools(tools: list[dict[str, Any]]) -> None:
     if not tools:
         _print("no tools or prompts")
         return
-    table = _table("EXPOSED", "KIND", "SERVER", "ENTRY", "UPSTREAM")
+    # A column for calls refused by the current settings, only while some are (a reload
+    # waiting for new servers): the usual table stays as it was.
+    refused = any(tool.get("refused") for tool in tools)
+    columns = ("EXPOSED", "KIND", "SERVER", "ENTRY", "UPSTREAM")
+    table = _table(*columns, "CALLS") if refused else _table(*columns)
     for tool in tools:
-        table.add_row(
-            _text(tool.get("exposed")),
-            _text(tool.get("kind")),
-            _text(tool.get("server")),
-            _text(tool.get("entry")),
-            _text(tool.get("upstream")),
-        )
+        cells = [_text(tool.get(key)) for key in ("exposed", "kind", "server", "entry", "upstream")]
+        if refused:
+            why = tool.get("refused")
+            cells.append(_text(f"refused: {why}" if why else "ok"))
+        table.add_row(*cells)
     _print(table)

@@ -987,8 +987,15 @@ class HttpEndpoint:
         finally:
             self.sessions.pop(hs.id, None)
             hs.outbox.close()
+            # The session's writer calls back into this record of it (a reference cycle that
+            # kept the ended session alive until a full collection); nothing to touch any more.
+            hs.outbox.on_idle = _nothing
             self.host.close_session(hs.state, reason)
             hs.ended.set()
+
+
+def _nothing() -> None:
+    pass
 
 
 __all__ = [

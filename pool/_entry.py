@@ -170,6 +170,24 @@ class EntryListener(Protocol):
         ...
 
 
+class _NoListener:
+    """The listener of a released handle nothing reaches any more (`PoolEntry.let_go`): were
+    anything to, it would be dropped; and the handle no longer keeps its session alive."""
+
+    __slots__ = ()
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        pass
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
+        return "the session that held this lease has gone"
+
+
+NO_LISTENER: EntryListener = _NoListener()
+
 _NO_URIS: frozenset[str] = frozenset()
 
 
@@ -177,6 +195,7 @@ class Handle:
     """One session's lease on one entry. Identity and settings are captured copies (I2)."""
 
     __slots__ = (
+        "__weakref__",  # what a leak hunt (and its test) watches a released handle with
         "_log_level",
         "entry",
         "handle_id",
@@ -378,4 +397,15 @@ class PoolEntry:
         return upstream_token
 
     def unregister_progress(self, upstream_token: str) -> None:
-        self.progress_routes.pop(upstream_token, None)
+        route = self.progress_routes.pop(upstream_token, None)
+        if route is not None and route[0].released:
+            self.let_go(route[0])
+
+    def let_go(self, handle: Handle) -> None:
+        """A released handle's listener is needed only by the progress routes of its calls
+        still out (nothing else reaches a handle that left `handles`); once none is left, it
+        points at NO_LISTENER. A session's view and its handle point at each other (and the
+        view at its session): a reference cycle that would keep a closed session, or a view a
+        reconciliation let go, alive until a full collection."""
+        if not any(route[0] is handle for route in self.progress_routes.values()):
+            handle.listener = NO_LISTENER

@@ -353,6 +353,7 @@ class Pool:
         entry = handle.entry
         level_before = entry.effective_log_level()
         unheld = entry.remove_handle(handle)  # O(1): counts, not a pass over the handles
+        entry.let_go(handle)
         upstream = entry.upstream
         if upstream is not None and upstream.alive:
             for uri in unheld:
@@ -618,6 +619,10 @@ class Pool:
             if self._connections.get(entry) is upstream:
                 del self._connections[entry]
             entry.stderr_history = list(upstream.stderr_tail)
+            # The connection is over (its reader and relists ended with its nursery): the sink
+            # lets go of it, or the two (a cycle) would keep the connection, and a closed entry
+            # with it, alive until a full collection.
+            events.closed()
         if failure is None and upstream.closed_reason not in (
             None,
             "restart requested",
@@ -854,6 +859,12 @@ class _EntryEvents:
         deferred, self._deferred = self._deferred, []
         for spec in deferred:
             self._schedule_relist(*spec)
+
+    def closed(self) -> None:
+        """The connection ended: nothing is relisted for it any more."""
+        self.upstream = None
+        self.nursery = None
+        self._deferred = []
 
     def on_notification(self, method: str, params: Raw | UnsetType) -> None:
         entry = self.entry

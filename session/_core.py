@@ -33,7 +33,7 @@ from mcpool.protocol import (
 from ._eras import MODERN, Batch, modern_result
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
 from ._input import is_ours
-from ._registry import RegistryGeneration, Route
+from ._registry import RegistryGeneration, Route, empty_generation
 from ._view import SessionView
 
 if TYPE_CHECKING:
@@ -43,11 +43,13 @@ SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
 
 _NO_PARKED: dict[Any, Any] = {}  # shared and never written: `_park` gives a session its own
+_CLOSED_GENERATION = empty_generation()  # what a closed session serves: nothing (never written)
 
 
 class SessionCore:
     # Slots: a daemon holds one Session per attached window, many of them idle.
     __slots__ = (
+        "__weakref__",  # what a leak hunt (and its test) watches a closed session with
         "_backlog",
         "_batch",
         "_budget_settings",
@@ -173,6 +175,22 @@ class SessionCore:
             return None
         return route if view.key.allows(route.upstream_name) else None
 
+    def refusal(self, route: Route) -> str | None:
+        """Why a call or get routed by `route` (a route of the served generation) is refused
+        now, or None when it goes through: `_allows`, with its reason. While a reload waits for
+        new servers the generation served predates the settings (S7, S8), and what they no
+        longer allow is still listed until it is published (`daemonctl tools` says so)."""
+        view = route.view
+        if not self.holds(view):
+            return (
+                f"server '{view.name}' is no longer this session's (removed, disabled or "
+                "replaced in its settings); still listed until the reload ends"
+            )
+        allowed, rule = view.key.explain(route.upstream_name)
+        if not allowed:
+            return f"hidden by policy ({rule}); still listed until the reload ends"
+        return None
+
     def send(self, data: bytes) -> None:
         if self.closed:
             return
@@ -225,8 +243,22 @@ class SessionCore:
         self.listens.clear()
         self.release_all()
         self._notify_wake.set()
-        if self.on_close is not None:
-            self.on_close(cast("Session", self))  # every room is part of a Session
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close(cast("Session", self))  # every room is part of a Session
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """A closed session lets go of its views and generation, which point back at it: a
+        reference cycle that kept the session, its views, handles and generations (hundreds of
+        objects) until a full collection, rare in the daemon (it freezes its heap and collects
+        the young generation seldom). Its released handles let go of the views in the pool
+        (`PoolEntry.let_go`)."""
+        self.views = {}
+        self.registry = _CLOSED_GENERATION
+        self._signature = ()
+        # The connection's nursery (its notifier spawner): nothing is spawned for it any more.
+        self.spawn = None
 
     def _answer_unfinished(self, reason: str) -> None:
         """Every request still waiting (forwarded, a listen stream, the backlog) gets a

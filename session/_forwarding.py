@@ -33,7 +33,7 @@ from mcpool.protocol import (
 
 from . import _params
 from ._core import _NO_PARKED, SessionCore
-from ._eras import HANDSHAKE, MODERN, plan_for
+from ._eras import HANDSHAKE, MODERN, Batch, plan_for
 from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Relayed
 from ._input import (
     HOLDABLE,
@@ -47,6 +47,38 @@ from ._input import (
     subject_of,
 )
 from ._view import SessionView
+
+
+class _Resume:
+    """A request parked until its server's first start ends (`_park`): the waiter the entry
+    calls then. An object, not a closure: a closure checking that it is still the request
+    parked under its id names itself, a reference cycle that kept the session, its view and
+    handle and the request alive until a full collection (rare in the daemon)."""
+
+    __slots__ = ("batch", "handle", "meta", "method", "msg", "params", "session", "view")
+
+    def __init__(
+        self,
+        session: SessionForwarding,
+        msg: Message,
+        view: SessionView,
+        method: str,
+        params: dict[str, Any],
+        meta: _params.RequestMeta | None,
+        batch: Batch | None,
+    ) -> None:
+        self.session = session
+        self.msg = msg
+        self.view = view
+        self.handle = view.handle
+        self.method = method
+        self.params = params
+        self.meta = meta
+        self.batch = batch
+
+    def __call__(self, error: str | None) -> None:
+        self.session._resume(self, error)
+
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -268,41 +300,43 @@ class SessionForwarding(SessionCore):
             raise InvalidRequest(
                 f"request id {client_id!r} is already used by a request in flight", id=client_id
             )
-        batch = self._batch
         handle = view.handle
         assert handle is not None
-
-        def resume(error: str | None) -> None:
-            # Runs in the entry's supervisor task: fenced like every callback from there.
-            parked = self._parked.get(client_id)
-            if parked is None or parked[0] is not resume or self.closed:
-                return  # cancelled, or the session closed (and answered it)
-            del self._parked[client_id]
-            outer, self._batch = self._batch, batch
-            try:
-                if error is None and handle.released:
-                    error = f"server '{view.name}' was removed from the session while starting"
-                name = params.get("name") if method in ("tools/call", "prompts/get") else None
-                if error is None and isinstance(name, str) and not view.key.allows(name):
-                    # S8: the policy in force now decides, not the one it was routed under.
-                    error = f"server '{view.name}': {name} is no longer allowed for this session"
-                if error is not None:
-                    entry = handle.entry
-                    raise UpstreamUnavailable(
-                        view.name, error, state=entry.state.value, lastError=entry.last_error
-                    )
-                self._forward(msg, view, method, params, meta)
-            except McpoolError as exc:
-                self.send_error(client_id, exc)
-            except Exception as exc:
-                self._fault(f"a {method} waiting for server '{view.name}'", exc)
-            finally:
-                self._batch = outer
-
+        resume = _Resume(self, msg, view, method, params, meta, self._batch)
         if self._parked is _NO_PARKED:
             self._parked = {}
-        self._parked[client_id] = (resume, batch)
+        self._parked[client_id] = (resume, resume.batch)
         handle.entry.when_up(resume)
+
+    def _resume(self, parked: _Resume, error: str | None) -> None:
+        # Runs in the entry's supervisor task: fenced like every callback from there.
+        client_id, view, method, params = parked.msg.id, parked.view, parked.method, parked.params
+        handle = parked.handle
+        assert handle is not None
+        found = self._parked.get(client_id)
+        if found is None or found[0] is not parked or self.closed:
+            return  # cancelled, or the session closed (and answered it)
+        del self._parked[client_id]
+        outer, self._batch = self._batch, parked.batch
+        try:
+            if error is None and handle.released:
+                error = f"server '{view.name}' was removed from the session while starting"
+            name = params.get("name") if method in ("tools/call", "prompts/get") else None
+            if error is None and isinstance(name, str) and not view.key.allows(name):
+                # S8: the policy in force now decides, not the one it was routed under.
+                error = f"server '{view.name}': {name} is no longer allowed for this session"
+            if error is not None:
+                entry = handle.entry
+                raise UpstreamUnavailable(
+                    view.name, error, state=entry.state.value, lastError=entry.last_error
+                )
+            self._forward(parked.msg, view, method, params, parked.meta)
+        except McpoolError as exc:
+            self.send_error(client_id, exc)
+        except Exception as exc:
+            self._fault(f"a {method} waiting for server '{view.name}'", exc)
+        finally:
+            self._batch = outer
 
     # These run in the upstream's reader task, which every session of that server shares:
     # what the upstream sent is typed first (a malformed notification is dropped), and an

@@ -263,7 +263,8 @@ def restrict(proj: Projection, key: PolicyKey) -> Projection:
 class SessionView:
     """The pool's view callback for one handle, and the session's window on one server."""
 
-    __slots__ = ("handle", "key", "name", "prefix", "session", "source")
+    # (`__weakref__`: what a leak hunt, and its test, watches a closed session's views with.)
+    __slots__ = ("__weakref__", "handle", "key", "name", "prefix", "session", "source")
 
     def __init__(
         self, session: Session, name: str, key: PolicyKey, *, prefix: bool, source: str | None

@@ -316,6 +316,27 @@ def test_human_status_sessions_tools_reload_restart(admin: FakeAdmin) -> None:
     assert set_server.stdout == "time: refresh\n"
 
 
+def test_tools_marks_calls_the_current_settings_refuse(admin: FakeAdmin) -> None:
+    assert "CALLS" not in daemonctl(admin.path, "tools", "sess-a").stdout  # none refused
+    why = "hidden by policy (excluded by excludeTools); still listed until the reload ends"
+    admin.results["tools"] = [
+        {**TOOLS[0], "callable": True, "refused": None},
+        {
+            **TOOLS[0],
+            "exposed": "time__zone",
+            "upstream": "zone",
+            "callable": False,
+            "refused": why,
+        },
+    ]
+    out = daemonctl(admin.path, "tools", "sess-a").stdout
+    assert "CALLS" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("time__")}
+    assert rows["time__now"].rstrip().endswith(" ok")
+    assert "refused: hidden by" in rows["time__zone"]
+    assert " ".join(out.split()).count("excluded by excludeTools") == 1
+
+
 def test_empty_lists_say_so(admin: FakeAdmin) -> None:
     admin.results.update(servers=[], sessions=[], tools=[])
     assert daemonctl(admin.path, "servers").stdout.strip() == "no servers"

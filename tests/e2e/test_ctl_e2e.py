@@ -93,6 +93,8 @@ async def test_every_command_human_and_json(daemon_factory: DaemonFactory) -> No
             "server": "files",
             "entry": entry["id"],
             "upstream": "read_file",
+            "callable": True,
+            "refused": None,
         }
         _, human, _ = await ctl(daemon, "tools", "exc")  # a session name works too
         assert "files__read_file" in human

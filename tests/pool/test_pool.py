@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import weakref
 
 import pytest
 import trio
@@ -252,6 +253,23 @@ async def test_release_is_idempotent(
     assert a.entry.state is EntryState.ACTIVE
     pool.release(b)
     assert b.entry.leases == 0
+
+
+@pytest.mark.usefixtures("no_collector")
+async def test_a_closed_entry_and_its_connection_go_without_the_collector(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    net = FakeNet(srv=FakeServer([tool("a")]))
+    pool = new_pool(nursery, net)
+    handle = await acquire(pool)
+    entry = handle.entry
+    refs = {"entry": weakref.ref(entry), "upstream": weakref.ref(net.servers["srv"].current)}
+    pool.release(handle)
+    del handle, entry
+    await trio.sleep(GRACE + 1)  # drained: the entry closes, its supervisor ends
+    assert pool.entries() == []
+    net.servers["srv"].upstreams.clear()  # (the fake's own list of the connections it made)
+    assert sorted(name for name, ref in refs.items() if ref() is not None) == []
 
 
 async def test_lease_after_close_builds_a_new_entry_under_the_same_key(

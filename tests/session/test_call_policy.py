@@ -263,3 +263,44 @@ async def test_generations_rejections_and_discarded_candidates_are_logged(
     await session.apply_settings({"srv": desired("srv", stdio())}, 9)
     assert "settings generation 9 discarded" in rig.logs.at("warning")[-1]
     assert not any("secret-value" in line for line in rig.logs)
+
+
+async def test_refusal_says_why_a_served_route_is_refused_while_a_reload_waits(
+    nursery: trio.Nursery,
+) -> None:
+    rig = Rig(
+        nursery,
+        srv=FakeServer([tool("a"), tool("b")]),
+        gone=FakeServer([tool("x")]),
+        slow=FakeServer([tool("s")]),
+    )
+    session, _out = await rig.attached({"srv": stdio("srv"), "gone": stdio("gone")})
+    gen = session.registry
+    assert [session.refusal(r) for r in gen.tool_routes.values()] == [None, None, None]
+    # A change excludes a and drops `gone`, and waits for a server slow to start.
+    rig.net.servers["slow"].start_gate = gate = trio.Event()
+    done = trio.Event()
+
+    async def change() -> None:
+        await rig.apply(session, {"srv": stdio("srv", excludeTools=["a"]), "slow": stdio("slow")})
+        done.set()
+
+    nursery.start_soon(change)
+    await settle()
+    assert session.registry is gen  # still served
+    routes = gen.tool_routes
+    refused = {name: session.refusal(route) for name, route in routes.items()}
+    assert refused == {
+        "srv__a": "hidden by policy (excluded by excludeTools); still listed until the reload ends",
+        "srv__b": None,
+        "gone__x": (
+            "server 'gone' is no longer this session's (removed, disabled or replaced in its "
+            "settings); still listed until the reload ends"
+        ),
+    }
+    # What it says is what a call does: refused exactly where it gives a reason.
+    assert {n for n, r in routes.items() if session._allows(r) is None} == {"srv__a", "gone__x"}
+    gate.set()
+    with trio.fail_after(WAIT):
+        await done.wait()
+    assert [session.refusal(r) for r in session.registry.tool_routes.values()] == [None, None]
