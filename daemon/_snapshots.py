@@ -11,6 +11,7 @@ run in a worker thread, so a slow disk never holds up the event loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ def encode_record(
     return pieces
 
 
+@functools.lru_cache(maxsize=256)  # asked on every save of a relisted server
 def snapshot_file_name(fingerprint: str) -> str:
     return hashlib.sha256(fingerprint.encode()).hexdigest()[:32] + SUFFIX
 

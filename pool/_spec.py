@@ -92,6 +92,10 @@ _captured: weakref.WeakValueDictionary[bytes, ServerSettings] = weakref.WeakValu
 _identities: weakref.WeakValueDictionary[bytes, TransportIdentity] = weakref.WeakValueDictionary()
 
 
+# Each identity's fingerprint, while the identity lives (equal identities share one).
+_fingerprints: weakref.WeakKeyDictionary[TransportIdentity, str] = weakref.WeakKeyDictionary()
+
+
 def transport_kind(name: str, s: ServerSettings, source: str | None = None) -> TransportKind:
     """Which transport an entry uses: `type` when present, else command / httpUrl / url."""
     if s.type is not None:
@@ -138,8 +142,12 @@ class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
 
     @property
     def fingerprint(self) -> str:
-        digest = hashlib.sha256(_identity_encoder.encode(self)).hexdigest()
-        return digest[:FINGERPRINT_CHARS]
+        # Asked on every relist (the snapshot store's key): hashed once per identity.
+        found = _fingerprints.get(self)
+        if found is None:
+            digest = hashlib.sha256(_identity_encoder.encode(self)).hexdigest()
+            found = _fingerprints[self] = digest[:FINGERPRINT_CHARS]
+        return found
 
     def describe(self) -> dict[str, Any]:
         """A display form that never shows env or header values (X2)."""

@@ -21,7 +21,13 @@ from ._eras import MODERN, OPENERS
 from ._forwarding import SessionForwarding
 from ._names import name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
-from ._registry import LIST_KINDS, CandidateRejected, RegistryGeneration, build_candidate
+from ._registry import (
+    LIST_KINDS,
+    CandidateRejected,
+    RegistryGeneration,
+    build_candidate,
+    followed,
+)
 from ._view import SessionView, shared_projection
 
 if TYPE_CHECKING:
@@ -168,30 +174,31 @@ class SessionGenerations(SessionForwarding):
         # so `fresh_part`, the logging check and the rejections' bookkeeping are inlined.
         views = list(self.views.values())
         budget = self.name_budget
-        fresh = []
+        projections = []
+        snapshots = []
         for view in views:
             handle = view.handle
             assert handle is not None
             entry = handle.entry
             snapshot = entry.snapshot
-            fresh.append(
-                (
-                    shared_projection(entry, snapshot, view.key, view.name, view.prefix, budget),
-                    snapshot,
-                )
+            projections.append(
+                shared_projection(entry, snapshot, view.key, view.name, view.prefix, budget)
             )
+            snapshots.append(snapshot)
         # The views and their projections (compared by identity: Projection has eq=False).
-        signature = (*views, *[part[0] for part in fresh])
+        signature = (*views, *projections)
         if self.ready and signature == self._signature:
             return
         prev = self.registry
-        cand = build_candidate(
-            views,
-            number=prev.number + 1,
-            settings_generation=self.settings_generation,
-            previous=prev,
-            fresh=fresh,
-        )
+        cand = followed(prev, views, projections, self.settings_generation) if self.ready else None
+        if cand is None:
+            cand = build_candidate(
+                views,
+                number=prev.number + 1,
+                settings_generation=self.settings_generation,
+                previous=prev,
+                fresh=list(zip(projections, snapshots, strict=True)),
+            )
         self._signature = signature
         if cand.rejected or self.registry_errors:
             self._record_rejections(cand.rejected)
@@ -232,9 +239,7 @@ class SessionGenerations(SessionForwarding):
         self.registry_errors = errors
         self.last_error = "; ".join(errors.values()) or None
 
-    def _log_generation(
-        self, gen: RegistryGeneration, changed: Sequence[str], reason: str
-    ) -> None:
+    def _log_generation(self, gen: RegistryGeneration, changed: Sequence[str], reason: str) -> None:
         # (Called only when debug lines are kept: formatted for nothing 200 times when 200
         # sessions move at once, otherwise.)
         counts = (
@@ -295,6 +300,11 @@ class SessionGenerations(SessionForwarding):
     def _write_pending(self) -> None:
         kinds, self.pending_kinds = self.pending_kinds, set()
         if self.era is not MODERN:
+            if len(kinds) == 1:  # (the common case: one list changed)
+                (kind,) = kinds
+                self.notifications_sent += 1
+                self.send(_LIST_CHANGED[kind])
+                return
             for kind in LIST_KINDS:
                 if kind in kinds:
                     self.notifications_sent += 1
