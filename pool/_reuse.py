@@ -75,9 +75,15 @@ def _common_prefix(a: bytes, b: bytes) -> int:
     limit = min(len(a), len(b))
     other = memoryview(b)
     at = 0
-    while at + _BLOCK <= limit and a.startswith(other[at : at + _BLOCK], at):
-        at += _BLOCK
-    high = min(at + _BLOCK, limit)
+    step = _BLOCK  # doubled after each equal block: a 530 KB page in 6 comparisons, not 33
+    while at + step <= limit and a.startswith(other[at : at + step], at):
+        at += step
+        step *= 2
+    while step > _BLOCK and at + step > limit:
+        step //= 2  # (the end is near: the last blocks at the usual size)
+    while at + step <= limit and a.startswith(other[at : at + step], at):
+        at += step
+    high = min(at + step, limit)
     while at < high:
         mid = (at + high + 1) // 2
         if a.startswith(other[at:mid], at):

@@ -19,7 +19,7 @@ from fakes import FakeNet, FakeServer, make_pool, stdio, tool
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpool.pool import PoolEntry, identity_of
+from mcpool.pool import PoolEntry, _reuse, identity_of
 from mcpool.pool._reuse import KnownItems, _spliced
 
 json_values = st.recursive(
@@ -313,3 +313,21 @@ def test_a_spliced_page_list_is_the_concatenation_it_replaces(
     expected = old[:first] + middle + [x + shift for x in old[last:]]
     assert _spliced(old, first, last, middle, shift) == expected
     assert _spliced(old, first, last, middle) == old[:first] + middle + old[last:]
+
+
+@given(
+    st.binary(max_size=64),
+    st.integers(min_value=0, max_value=5),
+    st.binary(max_size=8),
+    st.binary(max_size=8),
+)
+def test_the_common_prefix_is_the_longest_shared_start_at_any_block_size(
+    start: bytes, blocks: int, rest_a: bytes, rest_b: bytes
+) -> None:
+    # With _BLOCK at 16 KB, starts of several blocks (the doubling steps) and of none.
+    shared = start * (1 + blocks * _reuse._BLOCK // max(len(start), 1)) if start else b""
+    a, b = shared + rest_a, shared + rest_b
+    naive = 0
+    while naive < min(len(a), len(b)) and a[naive] == b[naive]:
+        naive += 1
+    assert _reuse._common_prefix(a, b) == naive
