@@ -1052,7 +1052,7 @@ class StdioUpstream(Upstream):
         framer = LineFramer(self._max_line)
         feed, dispatch = framer.feed, self._dispatch
         partial, max_line = framer.buffer, self._max_line
-        widened = False
+        widened = whole = False
         while True:
             # `read_some`, inlined: one coroutine less per message every session of this
             # server waits on.
@@ -1088,7 +1088,21 @@ class StdioUpstream(Upstream):
                     if len(data) < READ_CHUNK:
                         break  # the pipe is empty (for now)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if data:
+                # One whole line of many chunks (a long list page): dispatched with its newline
+                # (the decoders and `split_result` take a trailing blank) rather than copied
+                # without it, 530 KB more each relist.
+                whole = (
+                    not partial
+                    and data[-1] == 10
+                    and len(data) - 1 <= max_line
+                    and data.find(b"\n", 0, len(data) - 1) < 0
+                    and data[-2] != 13
+                    and not data.isspace()
+                )
+            if whole:
+                whole = False
+                dispatch(data)
+            elif data:
                 line = data[:-1] if not partial and data[-1] == 10 else b""
                 if (
                     line

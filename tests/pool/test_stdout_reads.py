@@ -96,3 +96,36 @@ async def test_messages_read_with_the_end_of_stdout_all_arrive_before_it_is_clos
     assert [len(m["pad"]) for m in sink.seen] == sizes
     assert up.closed_reason == "closed its stdout"
     os.close(r)
+
+
+async def test_a_long_line_read_whole_in_one_pass_arrives_as_any_other() -> None:
+    """A long message that is alone in its pass (a list page) is dispatched without being
+    copied; one ending in CR LF, one after a partial line, and a short one still go the
+    framer's way. Each arrives whole and in order."""
+    sink = Sink()
+    up = StdioUpstream(
+        identity_of("up", stdio()), sink, guardian=None, max_line=8 << 20, handshake_timeout=30
+    )
+    r, w = os.pipe()
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is not None:
+        fcntl.fcntl(w, set_size, BIG_PIPE)
+    os.set_blocking(r, False)
+    big, crlf = note(0, 300_000), note(1, 200_000)[:-1] + b"\r\n"
+    head, tail = note(2, 250_000)[:1000], note(2, 250_000)[1000:]
+    writes = [big, crlf, head, tail, note(3, 5), big.replace(b'"n": 0', b'"n": 4')]
+    seen_after = [1, 2, 2, 3, 4, 5]  # a partial line is told only with its end
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(up._read_stdout, r)
+        with trio.fail_after(STEP_TIMEOUT):
+            for data, count in zip(writes, seen_after, strict=True):
+                await trio.to_thread.run_sync(os.write, w, data)
+                while len(sink.seen) < count:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.05)  # (nothing more arrives from this write)
+                assert len(sink.seen) == count
+        nursery.cancel_scope.cancel()
+    assert [m["n"] for m in sink.seen] == [0, 1, 2, 3, 4]
+    assert [len(m["pad"]) for m in sink.seen] == [300_000, 200_000, 250_000, 5, 300_000]
+    os.close(r)
+    os.close(w)
