@@ -14,7 +14,8 @@ Measures, against a private daemon on fake upstreams (tools/fake_upstream.py, FA
 Quick sizes by default (runnable on 2 shared cores); `--full` for the issue's sizes (3,000
 sessions). Prints a table and writes tools/bench/results/scale.json; `--only CASE` (repeatable)
 runs only those cases and writes scale-CASE....json. The list_changed case always runs at the
-issue's sizes.
+issue's sizes; `--callgrind` adds its instructions per change (valgrind), and `--baseline REV`
+runs it for another revision too, alternating with this tree (`--repeat K` runs of each).
 """
 
 from __future__ import annotations
@@ -323,9 +324,11 @@ LOOP_TARGET_MS = 5.0  # issue 17: one list_changed, 5,100 tools, 200 sessions
 REREAD_TARGET_MS = 2.0  # issue 17: daemon CPU per session re-reading the full list
 
 
-def list_changed(tools: int, sessions: int, rounds: int) -> dict[str, Any]:
+def list_changed(
+    tools: int, sessions: int, rounds: int, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     # One upstream with `tools` tools: the aggregate is as large as 51 servers of 100 tools.
-    d = Daemon({"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9)})
+    d = Daemon({"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9)}, extra_env=extra_env)
     pid = d.proc.pid
     conns = []
     try:
@@ -378,6 +381,80 @@ def list_changed(tools: int, sessions: int, rounds: int) -> dict[str, Any]:
         "reread_target_ms": REREAD_TARGET_MS,
         "reread_target_met": reread < REREAD_TARGET_MS,
     }
+
+
+CALLGRIND_START = 300.0  # the daemon and 200 sessions' attach run ~50 times slower under valgrind
+CALLGRIND_WARMUP = 2  # changes not counted: the first after the attaches is not typical
+
+
+def list_changed_instructions(
+    tools: int, sessions: int, rounds: int, extra_env: dict[str, str] | None = None
+) -> int:
+    """Instructions the daemon (all its threads, user space) executes per list_changed of the
+    same case, under valgrind's callgrind: independent of the machine's load and speed."""
+    out_dir = tempfile.mkdtemp(prefix="mcpool-lc-callgrind-")
+    wrapper = [
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=yes",
+        f"--callgrind-out-file={out_dir}/d.%p",
+    ]
+    d = Daemon(
+        {"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9)},
+        wrapper=wrapper,
+        start_timeout=CALLGRIND_START,
+        extra_env=extra_env,
+    )
+    pid = d.proc.pid
+    conns = []
+    try:
+        for i in range(sessions):
+            conns.append(attach(d, f"s{i}"))
+        wait_sessions(d, sessions, timeout=CALLGRIND_START)
+        settle_ns(pid, timeout=CALLGRIND_START)
+
+        def change(r: int) -> None:
+            conns[0][1].send_raw(call_line(90 + r, "big__set_tools", {"names": [f"dyn{r}"]}))
+            _read_until(conns, "notifications/tools/list_changed")
+            settle_ns(pid, timeout=CALLGRIND_START)
+
+        for r in range(CALLGRIND_WARMUP):
+            change(r)
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+        for r in range(CALLGRIND_WARMUP, CALLGRIND_WARMUP + rounds):
+            change(r)
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+        dumps = sorted(Path(out_dir).glob(f"d.{pid}.*"), key=os.path.getmtime)
+        for line in dumps[-1].read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1]) // rounds
+        raise RuntimeError(f"no totals in {dumps[-1]}")
+    finally:
+        for s, c in conns:
+            with contextlib.suppress(OSError):
+                close(s, c)
+        d.stop()
+
+
+def list_changed_side_by_side(baseline: str, repeat: int, callgrind: bool) -> dict[str, Any]:
+    """The list_changed case for this tree and for revision `baseline`, alternating (a loaded
+    or slower machine moves both alike), `repeat` times each; with `callgrind`, once each in
+    instructions."""
+    from cpu import export_revision
+
+    envs = {baseline: {"PYTHONPATH": export_revision(baseline)}, "this tree": {}}
+    out: dict[str, Any] = {"baseline": baseline, "runs": {name: [] for name in envs}}
+    for _ in range(repeat):
+        for name, env in envs.items():
+            r = list_changed(5100, 200, 7, extra_env=env)
+            out["runs"][name].append(r["change_loop_ms"])
+            print(f"  {name}: {r['change_loop_ms']} ms (rounds {r['change_loop_ms_each']})")
+    if callgrind:
+        out["instructions"] = {
+            name: list_changed_instructions(5100, 200, 8, extra_env=env)
+            for name, env in envs.items()
+        }
+    return out
 
 
 # The layer folders and where a wheel puts them (pyproject.toml's package-dir).
@@ -556,6 +633,17 @@ def main() -> None:
     ap.add_argument(
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="list_changed only: also run revision REV's daemon, alternating with this tree's",
+    )
+    ap.add_argument("--repeat", type=int, default=3, help="with --baseline: runs of each")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="list_changed only: instructions per change (with --baseline, of both)",
+    )
     ap.add_argument("--callers", nargs=3, metavar=("SOCK", "CONFIG", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.callers:
@@ -578,8 +666,16 @@ def main() -> None:
         results["close_burst"] = close_burst(1000 if full else 300)
     if "sigterm" in only:
         results["sigterm"] = sigterm(3000 if full else 1000)
-    if "list_changed" in only:
+    if "list_changed" in only and args.baseline:
+        results["list_changed_side_by_side"] = list_changed_side_by_side(
+            args.baseline, args.repeat, args.callgrind
+        )
+    elif "list_changed" in only:
         results["list_changed"] = list_changed(5100, 200, 5 if full else 3)
+        if args.callgrind:
+            results["list_changed"]["instructions_per_change"] = list_changed_instructions(
+                5100, 200, 8
+            )
 
     if "attach_detach" in results:
         print(table(["sessions", "attach CPU ms", "detach CPU ms", "full GC CPU ms (att./det.)"], [
@@ -608,6 +704,17 @@ def main() -> None:
               f"{lc['reread_cpu_ms_per_session']} ms CPU per session (target < "
               f"{lc['reread_target_ms']} ms: "
               f"{'met' if lc['reread_target_met'] else 'NOT met'})")  # fmt: skip
+    if "list_changed" in results and "instructions_per_change" in results["list_changed"]:
+        print(f"  instructions per change (callgrind, all threads): "
+              f"{results['list_changed']['instructions_per_change']:,}")  # fmt: skip
+    if "list_changed_side_by_side" in results:
+        sbs = results["list_changed_side_by_side"]
+        print(table(["list_changed loop time, ms (medians of 7 rounds)", *sbs["runs"]], [
+            [f"run {i + 1}", *(runs[i] for runs in sbs["runs"].values())]
+            for i in range(len(next(iter(sbs["runs"].values()))))
+        ]))  # fmt: skip
+        for name, count in sbs.get("instructions", {}).items():
+            print(f"  {name}: {count:,} instructions per change (callgrind)")
     if "bridge" in results:
         br = results["bridge"]
         print(f"mcpool attach to a warm daemon, installed: median {br['attach_median_ms']} ms, "
@@ -622,6 +729,8 @@ def main() -> None:
     if "idle" in results:
         print(f"idle daemon: {results['idle']['wakeups_per_s']} wake-ups/s")
     name = "scale" if only == set(PARTS) else "scale-" + "-".join(p for p in PARTS if p in only)
+    if "list_changed_side_by_side" in results:
+        name += "-baseline"
     print(f"\nwrote {write_result(name, results)}")
 
 
