@@ -30,6 +30,7 @@ from mcpool.pool import (
     UpstreamEvents,
     identity_of,
 )
+from mcpool.pool._upstream import Upstream
 from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
 from mcpool.session import Desired, PolicyKey, SessionView
 
@@ -382,3 +383,36 @@ def republish(entry: PoolEntry, **changes: Any) -> None:
     """Publish the entry's next snapshot (generation + 1) with `changes`, without listeners."""
     snap = entry.snapshot
     entry.snapshot = msgspec.structs.replace(snap, generation=snap.generation + 1, **changes)
+
+
+class NoUpstreamEvents:
+    """An upstream's events going nowhere (for tests of one `Upstream`'s own code)."""
+
+    def on_notification(self, method: str, params: Any) -> None:
+        pass
+
+    def on_server_request(self, upstream: Upstream, msg: Message) -> None:
+        pass
+
+
+class LineUpstream(Upstream):
+    """The real `Upstream` code with the list of lines written to it for its wire."""
+
+    def __init__(self, max_line: int = 1 << 22) -> None:
+        super().__init__(
+            identity_of("srv", stdio("srv")),
+            NoUpstreamEvents(),
+            max_line=max_line,
+            handshake_timeout=5,
+        )
+        self.lines: list[bytes] = []
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    def _write(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    def answer(self, uid: int) -> None:
+        self._dispatch(b'{"jsonrpc":"2.0","id":%d,"result":{}}' % uid)

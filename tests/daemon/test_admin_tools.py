@@ -8,7 +8,6 @@ listing keeps such a tool, marked with why its calls are refused, as the client 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 from e2e.harness import fake_server, raw_socket_client, write_settings
+from e2e.in_process import running_daemon
 from e2e.support import raw_attach, wait_until
 
 from mcpool.daemon._daemon import Daemon
@@ -30,27 +30,9 @@ DAEMON = {"startupBudget": 120}  # longer than the slow start: the reload waits 
 @pytest.fixture
 async def daemon(sock_dir: Path, tmp_path: Path) -> AsyncIterator[Daemon]:
     config = write_settings(tmp_path / "config.json", {"good": fake_server()}, daemon=DAEMON)
-    threshold = gc.get_threshold()
     d = Daemon(str(sock_dir / "daemon.sock"), str(config))
-    async with trio.open_nursery() as nursery:
-        status: list[int] = []
-
-        async def run() -> None:
-            status.append(await d.run())
-
-        nursery.start_soon(run)
-        with trio.fail_after(STEP_TIMEOUT):
-            while not (sock_dir / "daemon.sock").exists() or d.pool is None:
-                await trio.sleep(0.01)
+    async with running_daemon(d):
         yield d
-        d.stop_requested.set()
-        with trio.fail_after(STEP_TIMEOUT + d.options.shutdown_timeout):
-            while not status:
-                await trio.sleep(0.01)
-    # Daemon.run tunes the collector for a process of its own; give the test process its own back.
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-    assert status == [0]
 
 
 async def test_tools_marks_what_the_settings_refuse_while_a_reload_waits(daemon: Daemon) -> None:

@@ -9,11 +9,9 @@ whatever a detach leaves in a reference cycle is memory that grows with every at
 
 from __future__ import annotations
 
-import gc
 import socket
 import weakref
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 from e2e.harness import fake_server, raw_socket_client, write_settings
+from e2e.in_process import running_daemon
 from e2e.support import raw_attach, wait_until
 
 from mcpool.daemon._daemon import Daemon
@@ -29,30 +28,6 @@ from mcpool.daemon._daemon import Daemon
 STEP_TIMEOUT = 10.0  # an in-process round trip takes milliseconds; this only bounds a hang
 # A session-scoped entry closes this long after its session left (drained), then its process.
 DAEMON = {"drainGrace": 0.05, "maxIdle": 0.1}
-
-
-@asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[Daemon]:
-    threshold = gc.get_threshold()
-    async with trio.open_nursery() as nursery:
-        status: list[int] = []
-
-        async def run() -> None:
-            status.append(await d.run())
-
-        nursery.start_soon(run)
-        with trio.fail_after(STEP_TIMEOUT):
-            while not Path(d.sock_path).exists() or d.pool is None:
-                await trio.sleep(0.01)
-        yield d
-        d.stop_requested.set()
-        with trio.fail_after(STEP_TIMEOUT + d.options.shutdown_timeout):
-            while not status:
-                await trio.sleep(0.01)
-    # Daemon.run tunes the collector for a process of its own; give the test process its own back.
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-    assert status == [0]
 
 
 def new_daemon(sock_dir: Path, tmp_path: Path) -> Daemon:
@@ -63,7 +38,7 @@ def new_daemon(sock_dir: Path, tmp_path: Path) -> Daemon:
 
 @pytest.fixture
 async def daemon(sock_dir: Path, tmp_path: Path, no_collector: None) -> AsyncIterator[Daemon]:
-    async with running(new_daemon(sock_dir, tmp_path)) as d:
+    async with running_daemon(new_daemon(sock_dir, tmp_path)) as d:
         yield d
 
 
@@ -74,7 +49,7 @@ async def http_daemon(
     d = new_daemon(sock_dir, tmp_path)
     port = free_port()
     d.http_bind = ("127.0.0.1", port, False)
-    async with running(d):
+    async with running_daemon(d):
         with trio.fail_after(STEP_TIMEOUT):
             while not await _listening(port):
                 await trio.sleep(0.01)

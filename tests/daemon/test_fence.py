@@ -8,7 +8,6 @@ new connections included, carries on.
 
 from __future__ import annotations
 
-import gc
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 from e2e.harness import raw_socket_client
+from e2e.in_process import running_daemon
 from e2e.support import raw_attach
 
 from mcpool.daemon._daemon import Daemon
@@ -29,27 +29,9 @@ STEP_TIMEOUT = 10.0  # an in-process round trip takes milliseconds; this only bo
 async def daemon(sock_dir: Path, tmp_path: Path) -> AsyncIterator[Daemon]:
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"mcpServers": {}}))
-    threshold = gc.get_threshold()
     d = Daemon(str(sock_dir / "daemon.sock"), str(config))
-    async with trio.open_nursery() as nursery:
-        status: list[int] = []
-
-        async def run() -> None:
-            status.append(await d.run())
-
-        nursery.start_soon(run)
-        with trio.fail_after(STEP_TIMEOUT):
-            while not (sock_dir / "daemon.sock").exists() or d.pool is None:
-                await trio.sleep(0.01)
+    async with running_daemon(d):
         yield d
-        d.stop_requested.set()
-        with trio.fail_after(STEP_TIMEOUT):
-            while not status:
-                await trio.sleep(0.01)
-    # Daemon.run tunes the collector for a process of its own; give the test process its own back.
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-    assert status == [0]
 
 
 def _faults(d: Daemon) -> list[dict[str, Any]]:

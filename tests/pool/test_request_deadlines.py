@@ -14,41 +14,24 @@ from typing import Any
 import msgspec
 import trio
 import trio.testing
-from fakes import FakeNet, FakeServer, make_pool, stdio
+from fakes import FakeNet, FakeServer, LineUpstream, make_pool, stdio
 
 from mcpool.pool import identity_of
-from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK, Upstream, _clock_reader
+from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK, _clock_reader
 from mcpool.protocol import UPSTREAM_TIMEOUT, McpoolError, Message
 
 EPSILON = 1e-6  # virtual seconds either side of an exact MockClock deadline
 
 
-class _NoEvents:
-    def on_notification(self, method: str, params: Any) -> None:
-        pass
-
-    def on_server_request(self, upstream: Upstream, msg: Message) -> None:
-        pass
-
-
-class WireUpstream(Upstream):
-    """An `Upstream` whose wire is a list of the messages written to it."""
+class WireUpstream(LineUpstream):
+    """A `LineUpstream` read as the messages written to it."""
 
     def __init__(self) -> None:
-        super().__init__(
-            identity_of("srv", stdio("srv")), _NoEvents(), max_line=1 << 20, handshake_timeout=5
-        )
-        self.wire: list[dict[str, Any]] = []
+        super().__init__(max_line=1 << 20)
 
     @property
-    def alive(self) -> bool:
-        return True
-
-    def _write(self, data: bytes) -> None:
-        self.wire.append(json.loads(data))
-
-    def answer(self, uid: int) -> None:
-        self._dispatch(json.dumps({"jsonrpc": "2.0", "id": uid, "result": {}}).encode())
+    def wire(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
 
     def cancels(self) -> list[dict[str, Any]]:
         return [m["params"] for m in self.wire if m.get("method") == "notifications/cancelled"]

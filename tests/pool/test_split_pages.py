@@ -16,45 +16,19 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from fakes import stdio
+from fakes import LineUpstream
 
 from mcpool.pool import _upstream as upstream_module
-from mcpool.pool import identity_of
 from mcpool.pool._pool import list_all
 from mcpool.pool._reuse import KnownItems
-from mcpool.pool._upstream import SPLIT_LINE_MIN, Upstream
-from mcpool.protocol import McpoolError, Message
+from mcpool.pool._upstream import SPLIT_LINE_MIN
+from mcpool.protocol import McpoolError
 
 # Enough tools for a page over SPLIT_LINE_MIN.
 TOOLS = [
     {"name": f"tool_{i}", "description": f"Tool {i}.", "inputSchema": {"type": "object"}}
     for i in range(600)
 ]
-
-
-class _NoEvents:
-    def on_notification(self, method: str, params: Any) -> None:
-        pass
-
-    def on_server_request(self, upstream: Upstream, msg: Message) -> None:
-        pass
-
-
-class LineUpstream(Upstream):
-    """An `Upstream` whose wire is the list of lines written to it."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            identity_of("srv", stdio("srv")), _NoEvents(), max_line=1 << 22, handshake_timeout=5
-        )
-        self.lines: list[bytes] = []
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def _write(self, data: bytes) -> None:
-        self.lines.append(data)
 
 
 def compact(value: Any) -> bytes:

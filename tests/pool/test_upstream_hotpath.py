@@ -12,40 +12,10 @@ from typing import Any
 import msgspec
 import trio
 import trio.testing
-from fakes import stdio
+from fakes import LineUpstream
 from msgspec import UNSET, Raw
 
-from mcpool.pool import identity_of
-from mcpool.pool._upstream import Upstream
 from mcpool.protocol import Message
-
-
-class _NoEvents:
-    def on_notification(self, method: str, params: Any) -> None:
-        pass
-
-    def on_server_request(self, upstream: Upstream, msg: Message) -> None:
-        pass
-
-
-class LineUpstream(Upstream):
-    """An `Upstream` whose wire is the list of lines written to it."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            identity_of("srv", stdio("srv")), _NoEvents(), max_line=1 << 20, handshake_timeout=5
-        )
-        self.lines: list[bytes] = []
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def _write(self, data: bytes) -> None:
-        self.lines.append(data)
-
-    def answer(self, uid: int) -> None:
-        self._dispatch(b'{"jsonrpc":"2.0","id":%d,"result":{}}' % uid)
 
 
 def _ignore(msg: Message) -> None:
