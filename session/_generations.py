@@ -300,11 +300,6 @@ class SessionGenerations(SessionForwarding):
     def _write_pending(self) -> None:
         kinds, self.pending_kinds = self.pending_kinds, set()
         if self.era is not MODERN:
-            if len(kinds) == 1:  # (the common case: one list changed)
-                (kind,) = kinds
-                self.notifications_sent += 1
-                self.send(_LIST_CHANGED[kind])
-                return
             for kind in LIST_KINDS:
                 if kind in kinds:
                     self.notifications_sent += 1
