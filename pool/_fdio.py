@@ -156,11 +156,10 @@ class FdWriter:
 READ_GONE = frozenset({errno.ECONNRESET, errno.EPIPE, errno.EBADF})
 
 
-def read_ready(fd: int, size: int = READ_CHUNK) -> bytes | None:
-    """Read once (at most `size` bytes) without waiting: None when nothing is there now, b"" at
-    end of file."""
+def read_ready(fd: int) -> bytes | None:
+    """Read once without waiting: None when nothing is there now, b"" at end of file."""
     try:
-        return os.read(fd, size)
+        return os.read(fd, READ_CHUNK)
     except BlockingIOError:
         return None
     except OSError as exc:

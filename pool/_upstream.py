@@ -1076,9 +1076,7 @@ class StdioUpstream(Upstream):
                     if not widened and framer.pending() + size > BIG_MESSAGE:
                         widened = True
                         _widen_pipe(fd)
-                    # (A widened pipe is read whole at once: a 605 KB page in one read, not 9.)
-                    want = BIG_PIPE if widened else READ_CHUNK
-                    more = read_ready(fd, want)
+                    more = read_ready(fd)
                     if more is None:
                         break
                     if not more:
@@ -1087,7 +1085,7 @@ class StdioUpstream(Upstream):
                     data = more
                     chunks.append(data)
                     size += len(data)
-                    if len(data) < want:
+                    if len(data) < READ_CHUNK:
                         break  # the pipe is empty (for now)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 # One whole line of many chunks (a long list page): dispatched with its newline
