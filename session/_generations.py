@@ -190,7 +190,11 @@ class SessionGenerations(SessionForwarding):
         if self.ready and signature == self._signature:
             return
         prev = self.registry
-        cand = followed(prev, views, projections, self.settings_generation) if self.ready else None
+        cand = (
+            followed(prev, views, projections, prev.number + 1, self.settings_generation)
+            if self.ready
+            else None
+        )
         if cand is None:
             cand = build_candidate(
                 views,

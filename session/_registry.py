@@ -392,50 +392,50 @@ def build_candidate(
     if fresh is None:
         fresh = [view.fresh_part() for view in views]
     held = tuple(views)
-    moves = previous.agg.moves if previous is not None and previous.views else None
-    move_key: _MoveKey = ()
-    move = None
-    if previous is not None and previous.views == held and moves is not None:
-        # The same views as before (a relist, the common move): view i served part i, the
-        # previous aggregate's (whose moves these are, so the key need not name them).
-        move_key = (*map(id, map(_first, fresh)), *map(id, previous.good))
-        move = moves.get(move_key)
-    if move is None:
-        before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
-        served: list[tuple[Projection, Snapshot | None] | None] = []
-        for view in views:
-            i = before.get(id(view))
-            served.append(
-                None
-                if i is None or previous is None
-                else (
-                    previous.agg.projections[i],
-                    previous.good[i] if i < len(previous.good) else None,
-                )
+    if previous is not None:
+        fresh_projections = list(map(_first, fresh))
+        found = followed(previous, views, fresh_projections, number, settings_generation)
+        if found is not None:
+            return found
+        move_key = _move_key(previous, views, fresh_projections)
+    else:
+        move_key = None
+    before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
+    served: list[tuple[Projection, Snapshot | None] | None] = []
+    for view in views:
+        i = before.get(id(view))
+        served.append(
+            None
+            if i is None or previous is None
+            else (
+                previous.agg.projections[i],
+                previous.good[i] if i < len(previous.good) else None,
             )
-        move = _choose(views, fresh, served)
-        projections = [proj for proj, _ in move.chosen]
-        # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
-        key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
-        agg = _aggregates.get(key)
-        if agg is None:
-            agg = _build_aggregate(views, projections)
-            _aggregates[key] = agg
-        changes = (
-            ()
-            if previous is None
-            else change_set(previous.agg, agg, LIST_KINDS, _known_same(previous.agg, agg))
         )
-        move = move._replace(
-            agg=agg,
-            changes=changes,
-            good=tuple(source for _, source in move.chosen),
-            rejections=tuple(r for _, r in move.rejected),
-        )
-        if move_key and moves is not None:
-            if len(moves) >= MAX_MOVES:
-                moves.clear()
-            moves[move_key] = move._replace(pins=(fresh, served))
+    move = _choose(views, fresh, served)
+    projections = [proj for proj, _ in move.chosen]
+    # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
+    key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
+    agg = _aggregates.get(key)
+    if agg is None:
+        agg = _build_aggregate(views, projections)
+        _aggregates[key] = agg
+    changes = (
+        ()
+        if previous is None
+        else change_set(previous.agg, agg, LIST_KINDS, _known_same(previous.agg, agg))
+    )
+    move = move._replace(
+        agg=agg,
+        changes=changes,
+        good=tuple(source for _, source in move.chosen),
+        rejections=tuple(r for _, r in move.rejected),
+    )
+    if move_key is not None and previous is not None:
+        moves = previous.agg.moves
+        if len(moves) >= MAX_MOVES:
+            moves.clear()
+        moves[move_key] = move._replace(pins=(fresh, served))
     assert move.agg is not None
     return RegistryGeneration(
         move.agg,
@@ -448,26 +448,35 @@ def build_candidate(
     )
 
 
+def _move_key(
+    previous: RegistryGeneration, views: list[SessionView], projections: list[Projection]
+) -> _MoveKey | None:
+    """The key of `previous`'s move cache for `views` projected now as `projections`; None
+    unless they are the views `previous` served (a relist, the common move: view i served part
+    i, of the aggregate whose moves these are, so the key need not name it)."""
+    if not previous.views or previous.views != tuple(views):
+        return None
+    return (*map(id, projections), *map(id, previous.good))
+
+
 def followed(
     previous: RegistryGeneration,
     views: list[SessionView],
     projections: list[Projection],
+    number: int,
     settings_generation: int,
 ) -> RegistryGeneration | None:
-    """`build_candidate`'s candidate when a session made this move before: the same views as
-    `previous`, each projected now as `projections` (the move cache's key, with what `previous`
-    served). None when none did: build it. The second of 200 sessions on one aggregate gets its
+    """`build_candidate`'s candidate when a session made this move before (the move cache);
+    None when none did: build it. The second of 200 sessions on one aggregate gets its
     generation here, without `build_candidate`'s general path (issue 17)."""
-    moves = previous.agg.moves
-    if not moves or not previous.views or previous.views != tuple(views):
-        return None
-    move = moves.get((*map(id, projections), *map(id, previous.good)))
+    key = _move_key(previous, views, projections)
+    move = previous.agg.moves.get(key) if key is not None else None
     if move is None:
         return None
     return RegistryGeneration(
         move.agg,
         previous.views,
-        number=previous.number + 1,
+        number=number,
         settings_generation=settings_generation,
         good=move.good,
         rejected=move.rejections,
