@@ -807,7 +807,7 @@ class Upstream:
             and decoded.jsonrpc == "2.0"
             and self.era is not _eras.MODERN
         ):
-            try:
+            try:  # (`_answered`, inlined: every relayed answer)
                 cb = self._pending.pop(decoded.id, None)
                 if cb is not None:
                     cb(decoded)
@@ -830,11 +830,7 @@ class Upstream:
                     continue
                 if msg.method is UNSET:
                     if isinstance(msg.id, int):
-                        cb = self._pending.pop(msg.id, None)
-                        if cb is not None:
-                            cb(msg)
-                            if self._settled is not None:
-                                self._check_settled()
+                        self._answered(msg.id, msg)
                 elif msg.id is UNSET:
                     self._events.on_notification(msg.method, msg.params)
                 elif msg.method == "ping":
@@ -853,16 +849,21 @@ class Upstream:
             except Exception as exc:
                 self._dispatch_failed(exc)
 
+    def _answered(self, uid: int, msg: Message) -> None:
+        """An answer to a request of ours, to its callback (once; none if it was forgotten)."""
+        cb = self._pending.pop(uid, None)
+        if cb is not None:
+            cb(msg)
+            if self._settled is not None:
+                self._check_settled()
+
     def _split_answer(self, uid: int, result: memoryview, line: bytes) -> None:
         """A long answer to a request whose caller parses its result: handed on unparsed
-        (`split_result`), with its line kept in case that parse fails (`call`)."""
+        (`split_result`), with its line kept in case that parse fails. `call` pops the line
+        whatever happens: `uid` is in `_parses_own` only while it waits."""
+        self._split_lines[uid] = line
         try:
-            cb = self._pending.pop(uid, None)
-            if cb is not None:
-                self._split_lines[uid] = line
-                cb(Message(jsonrpc="2.0", id=uid, result=Raw(result)))
-                if self._settled is not None:
-                    self._check_settled()
+            self._answered(uid, Message(jsonrpc="2.0", id=uid, result=Raw(result)))
         except Exception as exc:
             self._dispatch_failed(exc)
 
