@@ -37,6 +37,7 @@ from ._registry import RegistryGeneration, Route, empty_generation
 from ._view import SessionView
 
 if TYPE_CHECKING:
+    from ._forwarding import _Resume
     from ._session import Session
 
 SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
@@ -148,7 +149,7 @@ class SessionCore:
     listens: dict[Any, _Listen]
     _batch: Batch | None
     _dropped: set[str]
-    _parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]]
+    _parked: dict[Any, _Resume]
     _holding: list[_InFlight]
     _hold_timer: bool
 
@@ -280,8 +281,8 @@ class SessionCore:
         self.inflight.clear()
         for listen_id in self.listens:
             answer(listen_id, None)
-        for client_id, (_waiter, batch) in self._parked.items():
-            answer(client_id, batch)
+        for client_id, parked in self._parked.items():
+            answer(client_id, parked.batch)
         self._parked = _NO_PARKED
         for msg, batch in self._backlog:
             if msg.is_request:

@@ -305,7 +305,7 @@ class SessionForwarding(SessionCore):
         resume = _Resume(self, msg, view, method, params, meta, self._batch)
         if self._parked is _NO_PARKED:
             self._parked = {}
-        self._parked[client_id] = (resume, resume.batch)
+        self._parked[client_id] = resume
         handle.entry.when_up(resume)
 
     def _resume(self, parked: _Resume, error: str | None) -> None:
@@ -313,8 +313,7 @@ class SessionForwarding(SessionCore):
         client_id, view, method, params = parked.msg.id, parked.view, parked.method, parked.params
         handle = parked.handle
         assert handle is not None
-        found = self._parked.get(client_id)
-        if found is None or found[0] is not parked or self.closed:
+        if self._parked.get(client_id) is not parked or self.closed:
             return  # cancelled, or the session closed (and answered it)
         del self._parked[client_id]
         outer, self._batch = self._batch, parked.batch

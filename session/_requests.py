@@ -256,7 +256,7 @@ class SessionRequests(SessionGenerations):
                 return
             flight = self.inflight.get(rid)
             if flight is None and rid in self._parked:
-                _waiter, batch = self._parked.pop(rid)
+                batch = self._parked.pop(rid).batch
                 whole = batch.drop() if batch is not None else None
                 if whole is not None:
                     self.send(whole)

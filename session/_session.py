@@ -66,6 +66,7 @@ from mcpool.protocol import Message
 from ._core import _NO_PARKED
 from ._eras import Batch
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _no_log, _Relayed
+from ._forwarding import _Resume
 from ._names import MAX_NAME
 from ._registry import RegistryGeneration, empty_generation
 from ._requests import SessionRequests
@@ -162,9 +163,9 @@ class Session(SessionRequests):
         # While a batch member is being handled: the batch its synchronous answer joins.
         self._batch: Batch | None = None
         self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
-        # Requests waiting for their server's first start: client id -> (waiter, batch); a
-        # dict only once one waits (most sessions never have one).
-        self._parked: dict[Any, tuple[Callable[[str | None], None], Batch | None]] = _NO_PARKED
+        # Requests waiting for their server's first start: client id -> its waiter (`_Resume`,
+        # which holds its batch); a dict only once one waits (most sessions never have one).
+        self._parked: dict[Any, _Resume] = _NO_PARKED
         # Modern calls held for the client's retry with its input (session/_input.py), and
         # whether the task that ends those whose retry never comes is running.
         self._holding: list[_InFlight] = []
