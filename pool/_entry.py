@@ -202,6 +202,7 @@ class Handle:
         "identity",
         "in_flight",
         "listener",
+        "progress_out",
         "released",
         "session_id",
         "settings",
@@ -225,6 +226,9 @@ class Handle:
         # Requests of this session now at the upstream: how server-to-client requests from a
         # shared handshake-era upstream find their session (P5).
         self.in_flight = 0
+        # Its entries in entry.progress_routes (its calls out with a progress token): only
+        # those still reach it once it is released (`PoolEntry.let_go`).
+        self.progress_out = 0
         self._log_level: str | None = None
         # A set only once the session subscribes to something (most never do).
         self.subscriptions: set[str] | frozenset[str] = _NO_URIS
@@ -394,12 +398,16 @@ class PoolEntry:
         upstream_token = f"mcpool-{self._next_progress}"
         self._next_progress += 1
         self.progress_routes[upstream_token] = (handle, token)
+        handle.progress_out += 1
         return upstream_token
 
     def unregister_progress(self, upstream_token: str) -> None:
         route = self.progress_routes.pop(upstream_token, None)
-        if route is not None and route[0].released:
-            self.let_go(route[0])
+        if route is not None:
+            handle = route[0]
+            handle.progress_out -= 1
+            if handle.released:
+                self.let_go(handle)
 
     def let_go(self, handle: Handle) -> None:
         """A released handle's listener is needed only by the progress routes of its calls
@@ -407,5 +415,5 @@ class PoolEntry:
         points at NO_LISTENER. A session's view and its handle point at each other (and the
         view at its session): a reference cycle that would keep a closed session, or a view a
         reconciliation let go, alive until a full collection."""
-        if not any(route[0] is handle for route in self.progress_routes.values()):
+        if not handle.progress_out:  # (a count: a release passes over no other route)
             handle.listener = NO_LISTENER
