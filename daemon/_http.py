@@ -148,6 +148,10 @@ class Stream:
         self.outbox.detach(self)
 
 
+def _nothing() -> None:
+    pass
+
+
 class SessionOutbox:
     """The session's writer: routes every message it writes to one stream (see module doc)."""
 
@@ -159,7 +163,7 @@ class SessionOutbox:
         self.backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG_MESSAGES)
         self._drained = trio.Event()
         self._drained.set()
-        self.on_idle: Callable[[], None] = lambda: None
+        self.on_idle: Callable[[], None] = _nothing
 
     # Writer protocol ---------------------------------------------------------------------------
 
@@ -992,10 +996,6 @@ class HttpEndpoint:
             hs.outbox.on_idle = _nothing
             self.host.close_session(hs.state, reason)
             hs.ended.set()
-
-
-def _nothing() -> None:
-    pass
 
 
 __all__ = [
