@@ -108,7 +108,7 @@ CALLGRIND_WARMUP = 300
 CALLGRIND_START = 300.0  # an interpreter and mcpool's imports run ~50 times slower under valgrind
 
 
-def _callgrind(out_dir: str, name: str) -> list[str]:
+def callgrind_wrapper(out_dir: str, name: str) -> list[str]:
     return [
         "valgrind",
         "--tool=callgrind",
@@ -117,7 +117,7 @@ def _callgrind(out_dir: str, name: str) -> list[str]:
     ]
 
 
-def _instructions(pid: int, out_dir: str, name: str, run: Callable[[], None]) -> int:
+def instructions_during(pid: int, out_dir: str, name: str, run: Callable[[], None]) -> int:
     """Instructions the process at `pid` executes during `run()`."""
     subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
     run()
@@ -135,12 +135,12 @@ def callgrind_main(args: argparse.Namespace) -> None:
     results: dict[str, float] = {}
     sock_path = os.path.join(out_dir, "relay.sock")
     relay, s, conn = start_reference(
-        "trio-watch", sock_path, wrapper=_callgrind(out_dir, "reference")
+        "trio-watch", sock_path, wrapper=callgrind_wrapper(out_dir, "reference")
     )
     try:
         for i in range(CALLGRIND_WARMUP):
             conn.call(_msg("echo", i))
-        n = _instructions(
+        n = instructions_during(
             relay.pid,
             out_dir,
             "reference",
@@ -157,7 +157,7 @@ def callgrind_main(args: argparse.Namespace) -> None:
     for name, dump, env in daemons:
         daemon = Daemon(
             {"f": fake(**FAST)},
-            wrapper=_callgrind(out_dir, dump),
+            wrapper=callgrind_wrapper(out_dir, dump),
             start_timeout=CALLGRIND_START,
             extra_env=env,
         )
@@ -166,7 +166,7 @@ def callgrind_main(args: argparse.Namespace) -> None:
             conn.handshake_and_list()
             for i in range(CALLGRIND_WARMUP):
                 conn.call(_msg("f__echo", i))
-            n = _instructions(
+            n = instructions_during(
                 daemon.proc.pid,
                 out_dir,
                 dump,

@@ -392,16 +392,12 @@ def list_changed_instructions(
 ) -> int:
     """Instructions the daemon (all its threads, user space) executes per list_changed of the
     same case, under valgrind's callgrind: independent of the machine's load and speed."""
+    from cpu import callgrind_wrapper, instructions_during
+
     out_dir = tempfile.mkdtemp(prefix="mcpool-lc-callgrind-")
-    wrapper = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=yes",
-        f"--callgrind-out-file={out_dir}/d.%p",
-    ]
     d = Daemon(
         {"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9)},
-        wrapper=wrapper,
+        wrapper=callgrind_wrapper(out_dir, "daemon"),
         start_timeout=CALLGRIND_START,
         extra_env=extra_env,
     )
@@ -420,15 +416,12 @@ def list_changed_instructions(
 
         for r in range(CALLGRIND_WARMUP):
             change(r)
-        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-        for r in range(CALLGRIND_WARMUP, CALLGRIND_WARMUP + rounds):
-            change(r)
-        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-        dumps = sorted(Path(out_dir).glob(f"d.{pid}.*"), key=os.path.getmtime)
-        for line in dumps[-1].read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1]) // rounds
-        raise RuntimeError(f"no totals in {dumps[-1]}")
+
+        def counted() -> None:
+            for r in range(CALLGRIND_WARMUP, CALLGRIND_WARMUP + rounds):
+                change(r)
+
+        return instructions_during(pid, out_dir, "daemon", counted) // rounds
     finally:
         for s, c in conns:
             with contextlib.suppress(OSError):
