@@ -24,6 +24,7 @@ matching call results are wrapped the same way (`wrap_structured`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -168,7 +169,7 @@ def listen_filter(capabilities: dict[str, Any], uris: set[str] | frozenset[str])
     return wanted
 
 
-def wrap_output_schemas(tools: list[Any]) -> tuple[list[Any], frozenset[str]]:
+def wrap_output_schemas(tools: Sequence[Any]) -> tuple[list[Any], frozenset[str]]:
     """Tools with every non-object `outputSchema` wrapped; and the names of those tools."""
     wrapped: set[str] = set()
     out: list[Any] = []

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
@@ -185,7 +185,7 @@ class HttpUpstream(Upstream):
             return
         self._outbox_wake.set()
 
-    def screen_tools(self, tools: list[Any], *, first_page: bool) -> list[Any]:
+    def screen_tools(self, tools: Sequence[Any], *, first_page: bool) -> list[Any]:
         """2026-07-28 on HTTP: a tool whose `x-mcp-header` annotations break the spec's rules
         is left out of the list (with a note naming it and why); the others' annotations are
         kept for the Mcp-Param-* headers of their calls."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from array import array
 from typing import Any, NamedTuple
 
 import msgspec
@@ -60,13 +61,19 @@ def _page_decoders(field: str) -> tuple[msgspec.json.Decoder[Any], msgspec.json.
 
 class _Page(NamedTuple):
     """One page as listed: its encoding, each item's offsets in it and encoding (to look the
-    items up by when a page is split whole), its objects and cursor."""
+    items up by when a page is split whole), its objects and cursor. Pages are immutable: the
+    last listing's stay as they were until the next listing completes."""
 
     data: bytes
-    starts: list[int]
-    ends: list[int]
-    keys: list[bytes]
-    items: list[Any]
+    # Offsets as machine integers ("q"): an array is copied and spliced without touching 5,000
+    # int objects scattered over the heap (each touch of one a likely cache miss).
+    starts: array[int]
+    ends: array[int]
+    # The items' encodings when the offsets are not known (else they are `data` at the offsets,
+    # sliced when asked for: a list of 5,000 kept for each page cost a copy per relist).
+    keys: list[bytes] | None
+    # A tuple: a listing of one page is this very tuple (`list_all`), with no copy.
+    items: tuple[Any, ...]
     cursor: Any
 
 
@@ -112,12 +119,12 @@ def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
     return size
 
 
-def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[list[int], list[int]]:
+def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[array[int], array[int]]:
     """Where each of `keys` (consecutive items, separated only by commas and blanks, the first
     at or after `start`) lies in `data`. A JSON value starts with neither, so each item is the
     first match after the previous one."""
-    starts: list[int] = []
-    ends: list[int] = []
+    starts: array[int] = array("q")
+    ends: array[int] = array("q")
     find = data.find
     at = start
     for key in keys:
@@ -130,26 +137,43 @@ def _offsets(data: bytes, keys: list[bytes], start: int) -> tuple[list[int], lis
 
 def _array_offsets(
     data: bytes, keys: list[bytes], at: int, size: int
-) -> tuple[list[int], list[int]]:
+) -> tuple[array[int], array[int]]:
     """Where the items `keys` of the array at `at` (`size` bytes) lie in `data`. An array as
     long as its items and one comma between each (compact JSON, what most servers send) has
     no blank anywhere, so its offsets are running sums (C passes); else each is searched."""
     lengths = list(map(len, keys))
     if size != 2 + sum(lengths) + max(len(keys) - 1, 0):
         return _offsets(data, keys, at + 1)
-    ends = list(itertools.accumulate(map(operator.add, lengths, itertools.repeat(1)), initial=at))
+    ends = array(
+        "q", itertools.accumulate(map(operator.add, lengths, itertools.repeat(1)), initial=at)
+    )
     del ends[0]
-    return list(map(operator.sub, ends, lengths)), ends
+    return array("q", map(operator.sub, ends, lengths)), ends
 
 
-def _spliced(old: list[Any], first: int, last: int, middle: list[Any], shift: int = 0) -> list[Any]:
-    """`old` with items first..last replaced by `middle`, and the items after them plus
-    `shift` (offsets: the ones after a change move with it). One C copy and a slice
-    assignment: slices concatenated copied the 5,000 unchanged items twice."""
-    out = old.copy()
+def _spliced(
+    old: tuple[Any, ...], first: int, last: int, middle: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """`old` with items first..last replaced by `middle` (slices concatenated: not unpacked
+    into a list, which references each of 5,000 scattered items about twice as often)."""
+    return old[:first] + middle + old[last:]
+
+
+def _keys(page: _Page, first: int, last: int) -> list[bytes]:
+    """The encodings of items first..last of `page`."""
+    if page.keys is not None:
+        return page.keys[first:last]
+    data = page.data
+    return [data[a:b] for a, b in zip(page.starts[first:last], page.ends[first:last], strict=True)]
+
+
+def _moved(old: array[int], first: int, last: int, middle: array[int], shift: int) -> array[int]:
+    """`old` offsets with first..last replaced by `middle`, and the ones after them moved by
+    `shift` (they move with the change)."""
+    out = old[:]
     out[first:last] = middle
     if shift and last < len(old):
-        out[len(out) - (len(old) - last) :] = map(shift.__add__, old[last:])
+        out[len(out) - (len(old) - last) :] = array("q", map(shift.__add__, old[last:]))
     return out
 
 
@@ -192,12 +216,9 @@ class KnownItems:
         page = None
         ends = (0, 0, False)
         if old is not None:
-            if data == old.data:
-                page, ends = old, (len(old.items), 0, True)
-            else:
-                delta = self._delta(old, data, field)
-                if delta is not None:
-                    page, ends = delta[0], (delta[1], delta[2], False)
+            delta = self._delta(old, data, field)
+            if delta is not None:
+                page, ends = delta
         if page is None:
             page = self._split(data, field)
             if page is None:
@@ -210,12 +231,17 @@ class KnownItems:
         self._count += len(page.items)
         return {field: page.items, "nextCursor": page.cursor}
 
-    def _delta(self, old: _Page, data: bytes, field: str) -> tuple[_Page, int, int] | None:
+    def _delta(
+        self, old: _Page, data: bytes, field: str
+    ) -> tuple[_Page, tuple[int, int, bool]] | None:
         """`data` as `old` with only the bytes between their common start and end parsed, and
-        how many items at its start and end are `old`'s; None when they share no item at the
-        start (the caller splits it whole)."""
+        how many items at its start and end are `old`'s, and whether all are (`old` itself when
+        the bytes are the same); None when they share no item at the start (the caller splits
+        it whole)."""
         n = len(old.items)
         common = _common_prefix(data, old.data)
+        if common == len(data) == len(old.data):
+            return old, (n, 0, True)  # (told by the one pass that finds where they part)
         head = bisect.bisect_left(old.ends, common)  # items ending before the first difference
         if head == 0:
             return None
@@ -250,16 +276,16 @@ class KnownItems:
         keys = list(map(bytes, found[1 : len(found) - 1 if tail else len(found)]))
         starts, ends = _offsets(data, keys, cut)
         known = self._lookup(old, head, n - tail) if keys else {}
-        middle = [self._item(key, known) for key in keys]
+        middle = tuple([self._item(key, known) for key in keys])
         page = _Page(
             data,
-            _spliced(old.starts, head, n - tail, starts, shift),
-            _spliced(old.ends, head, n - tail, ends, shift),
-            _spliced(old.keys, head, n - tail, keys),
+            _moved(old.starts, head, n - tail, starts, shift),
+            _moved(old.ends, head, n - tail, ends, shift),
+            None,
             _spliced(old.items, head, n - tail, middle),
             parsed.nextCursor,
         )
-        return page, head, tail
+        return page, (head, tail, False)
 
     def _split(self, data: bytes, field: str) -> _Page | None:
         """`data` split whole; its items looked up among the last listing's, by encoding."""
@@ -270,18 +296,18 @@ class KnownItems:
             return None
         keys = list(map(bytes, getattr(page, field)))
         # Compact JSON (what most servers send): the array is its items joined by commas.
-        array = b"".join((b"[", b",".join(keys), b"]"))
-        at = data.find(array)
+        joined = b"".join((b"[", b",".join(keys), b"]"))
+        at = data.find(joined)
         if at < 0:  # blanks in it: found as the decoder sees it (one more pass)
-            array = bytes(getattr(whole_decoder.decode(data), field))
-            at = data.find(array)
-        if at < 0 or data.find(array, at + 1) >= 0:
+            joined = bytes(getattr(whole_decoder.decode(data), field))
+            at = data.find(joined)
+        if at < 0 or data.find(joined, at + 1) >= 0:
             # Not found once (the array's text also elsewhere): no offsets, so next time this
             # page is split whole again.
-            starts: list[int] = []
-            ends: list[int] = []
+            starts: array[int] = array("q")
+            ends: array[int] = array("q")
         else:
-            starts, ends = _array_offsets(data, keys, at, len(array))
+            starts, ends = _array_offsets(data, keys, at, len(joined))
         known: dict[bytes, Any] = {}
         for listed in self._pages:
             known.update(self._lookup(listed, 0, len(listed.items)))
@@ -295,12 +321,13 @@ class KnownItems:
                 fresh.append(found)
             decoded[position] = found
         if not starts and keys:
-            return _Page(b"", [], [], keys, decoded, page.nextCursor)  # never compared
-        return _Page(data, starts, ends, keys, decoded, page.nextCursor)
+            # Never compared (no offsets): its encodings are kept to look its items up by.
+            return _Page(b"", starts, ends, keys, tuple(decoded), page.nextCursor)
+        return _Page(data, starts, ends, None, tuple(decoded), page.nextCursor)
 
     def _lookup(self, page: _Page, first: int, last: int) -> dict[bytes, Any]:
         """Items first..last of `page` by their encoding, the accepted ones only."""
-        pairs = zip(page.keys[first:last], page.items[first:last], strict=True)
+        pairs = zip(_keys(page, first, last), page.items[first:last], strict=True)
         unaccepted = self._unaccepted
         if not unaccepted:
             return dict(pairs)
@@ -321,9 +348,9 @@ class KnownItems:
             return page
         items = list(page.items)
         for i in again:
-            items[i] = _any.decode(page.keys[i])
+            items[i] = _any.decode(_keys(page, i, i + 1)[0])
             self.fresh.append(items[i])
-        return page._replace(items=items)
+        return page._replace(items=tuple(items))
 
     def finish(self, accepted: tuple[Any, ...]) -> None:
         """The listing completed and these items were accepted: they are the known ones now."""

@@ -40,7 +40,7 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -403,7 +403,7 @@ class Upstream:
             with trio.move_on_at(next_deadline):
                 await self._deadline_wake.wait()
 
-    def screen_tools(self, tools: list[Any], *, first_page: bool) -> list[Any]:
+    def screen_tools(self, tools: Sequence[Any], *, first_page: bool) -> Sequence[Any]:
         """A modern upstream's listed tools as the transport accepts them (HTTP: see
         `HttpUpstream.screen_tools`); every one on stdio."""
         return tools
@@ -593,7 +593,7 @@ class Upstream:
             result = _result_decoder.decode(msg.result)
         if self.era is _eras.MODERN and method == "tools/list" and isinstance(result, dict):
             tools = result.get("tools")
-            if isinstance(tools, list):
+            if isinstance(tools, list | tuple):  # (a tuple: a known page's, pool/_reuse.py)
                 result["tools"], wrapped = _eras.wrap_output_schemas(
                     self.screen_tools(tools, first_page=not (params or {}).get("cursor"))
                 )

@@ -9,7 +9,7 @@ below it define.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, cast
 
 import trio
@@ -31,7 +31,14 @@ from ._registry import (
 from ._view import SessionView, shared_projection
 
 if TYPE_CHECKING:
+    from mcpool.pool import Snapshot
+
     from ._session import Session
+
+
+def _snapshot_of(view: SessionView) -> Snapshot:
+    assert view.handle is not None
+    return view.handle.entry.snapshot
 
 
 # The list_changed lines, encoded once (every session of a changed aggregate sends one).
@@ -172,36 +179,35 @@ class SessionGenerations(SessionForwarding):
         the rest, policy changes included, is published (S3, S8)."""
         # Runs once per session of a changed entry (200 sessions: 200 times per list_changed),
         # so `fresh_part`, the logging check and the rejections' bookkeeping are inlined.
-        views = list(self.views.values())
+        views = tuple(self.views.values())
         budget = self.name_budget
         projections = []
-        snapshots = []
         for view in views:
             handle = view.handle
             assert handle is not None
             entry = handle.entry
-            snapshot = entry.snapshot
             projections.append(
-                shared_projection(entry, snapshot, view.key, view.name, view.prefix, budget)
+                shared_projection(entry, entry.snapshot, view.key, view.name, view.prefix, budget)
             )
-            snapshots.append(snapshot)
+        fresh = tuple(projections)
         # The views and their projections (compared by identity: Projection has eq=False).
-        signature = (*views, *projections)
+        signature = (views, fresh)
         if self.ready and signature == self._signature:
             return
         prev = self.registry
         cand = (
-            followed(prev, views, projections, prev.number + 1, self.settings_generation)
+            followed(prev, views, fresh, prev.number + 1, self.settings_generation)
             if self.ready
             else None
         )
         if cand is None:
             cand = build_candidate(
-                views,
+                list(views),
                 number=prev.number + 1,
                 settings_generation=self.settings_generation,
                 previous=prev,
-                fresh=list(zip(projections, snapshots, strict=True)),
+                # (Each projection's snapshot: the entry's current one, read again.)
+                fresh=[(p, _snapshot_of(v)) for p, v in zip(fresh, views, strict=True)],
             )
         self._signature = signature
         if cand.rejected or self.registry_errors:
@@ -219,12 +225,12 @@ class SessionGenerations(SessionForwarding):
             self._become_ready()
             return
         if changed and self.initialized and not self.closed:
-            self.pending_kinds.update(changed)
-            if not self._notifying and not self.out.buffered:
+            if not self._notifying and not self.pending_kinds and not self.out.buffered:
                 # Nothing waits to be written: told now, the write itself and no task (S5:
                 # changes coalesce while a write is pending, and this one would not wait).
-                self._write_pending()
+                self._write_kinds(changed)
                 return
+            self.pending_kinds.update(changed)
             self._notify_wake.set()
             if self.spawn is not None and not self._notifying:
                 self._notifying = True
@@ -303,6 +309,10 @@ class SessionGenerations(SessionForwarding):
 
     def _write_pending(self) -> None:
         kinds, self.pending_kinds = self.pending_kinds, set()
+        self._write_kinds(kinds)
+
+    def _write_kinds(self, kinds: Collection[str]) -> None:
+        """One list_changed per kind in `kinds`, in list order."""
         if self.era is not MODERN:
             for kind in LIST_KINDS:
                 if kind in kinds:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._canoncache import canonical_of
 from ._changes import change_set
-from ._view import Projection, predecessor, restrict
+from ._view import Projection, predecessor, restrict, spliced
 
 if TYPE_CHECKING:
     from mcpool.pool import Snapshot
@@ -115,7 +115,6 @@ class RegistryGeneration:
         self,
         agg: Aggregate | None = None,
         views: tuple[SessionView, ...] = (),
-        *,
         number: int = 0,
         settings_generation: int = 0,
         good: tuple[Snapshot | None, ...] = (),
@@ -357,21 +356,29 @@ _NOTHING = Projection(
 # different budgets or policies); past that the table starts again.
 MAX_MOVES = 16
 
-# Per view, ids of: its fresh projection, what it served and that part's good snapshot (0 for
-# none). A projection is made for one entry, snapshot, policy, server name, prefix and budget
-# (`shared_projection`), so its identity stands for all of them.
-_MoveKey = tuple[int, ...]
+# The views' fresh projections, in view order. A projection is made for one entry, snapshot,
+# policy, server name, prefix and budget (`shared_projection`), and compares by identity, so the
+# tuple stands for all of them.
+_MoveKey = tuple[Projection, ...]
 
 
 class _Move(NamedTuple):
+    """One move's outcome. It depends on the fresh projections (the key), on what each view
+    served before (the aggregate the cache belongs to) and, only when a part is rejected, on
+    the snapshots those parts were accepted from (`before`): a rejected part falls back to its
+    last accepted snapshot. A move without rejections chose every fresh part, whatever was
+    served before, since names that clash in no order clash in none (`_choose`)."""
+
     chosen: tuple[tuple[Projection, Snapshot | None], ...]
     rejected: tuple[tuple[int, CandidateRejected], ...]
-    pins: tuple[Any, ...] = ()  # the objects whose ids the key holds, alive while it is kept
+    pins: tuple[Any, ...] = ()  # the objects whose ids `before` holds, alive while it is kept
     agg: Aggregate | None = None  # what the chosen parts make
     changes: tuple[str, ...] = ()  # the kinds changed from the previous aggregate to `agg`
     # `chosen`'s snapshots and `rejected`'s rejections, as a generation holds them.
     good: tuple[Snapshot | None, ...] = ()
     rejections: tuple[CandidateRejected, ...] = ()
+    # Ids of the previous generation's good snapshots, which a move with rejections depends on.
+    before: tuple[int, ...] = ()
 
 
 def build_candidate(
@@ -393,11 +400,11 @@ def build_candidate(
         fresh = [view.fresh_part() for view in views]
     held = tuple(views)
     if previous is not None:
-        fresh_projections = list(map(_first, fresh))
-        found = followed(previous, views, fresh_projections, number, settings_generation)
+        fresh_projections = tuple(map(_first, fresh))
+        found = followed(previous, held, fresh_projections, number, settings_generation)
         if found is not None:
             return found
-        move_key = _move_key(previous, views, fresh_projections)
+        move_key = _move_key(previous, held, fresh_projections)
     else:
         move_key = None
     before = {id(v): i for i, v in enumerate(previous.views)} if previous is not None else {}
@@ -435,7 +442,7 @@ def build_candidate(
         moves = previous.agg.moves
         if len(moves) >= MAX_MOVES:
             moves.clear()
-        moves[move_key] = move._replace(pins=(fresh, served))
+        moves[move_key] = move._replace(pins=(fresh, served), before=tuple(map(id, previous.good)))
     assert move.agg is not None
     return RegistryGeneration(
         move.agg,
@@ -449,38 +456,42 @@ def build_candidate(
 
 
 def _move_key(
-    previous: RegistryGeneration, views: list[SessionView], projections: list[Projection]
+    previous: RegistryGeneration, views: tuple[SessionView, ...], projections: _MoveKey
 ) -> _MoveKey | None:
     """The key of `previous`'s move cache for `views` projected now as `projections`; None
     unless they are the views `previous` served (a relist, the common move: view i served part
     i, of the aggregate whose moves these are, so the key need not name it)."""
-    if not previous.views or previous.views != tuple(views):
+    if not previous.views or previous.views != views:
         return None
-    return (*map(id, projections), *map(id, previous.good))
+    return projections
 
 
 def followed(
     previous: RegistryGeneration,
-    views: list[SessionView],
-    projections: list[Projection],
+    views: tuple[SessionView, ...],
+    projections: _MoveKey,
     number: int,
     settings_generation: int,
 ) -> RegistryGeneration | None:
     """`build_candidate`'s candidate when a session made this move before (the move cache);
     None when none did: build it. The second of 200 sessions on one aggregate gets its
     generation here, without `build_candidate`'s general path (issue 17)."""
-    key = _move_key(previous, views, projections)
-    move = previous.agg.moves.get(key) if key is not None else None
-    if move is None:
+    move = previous.agg.moves.get(projections)
+    if (
+        move is None
+        or previous.views != views
+        or (move.rejected and move.before != tuple(map(id, previous.good)))
+    ):
         return None
+    # (Positional: a class called with keywords builds a dict of them, once per session.)
     return RegistryGeneration(
         move.agg,
         previous.views,
-        number=number,
-        settings_generation=settings_generation,
-        good=move.good,
-        rejected=move.rejections,
-        changed=move.changes,
+        number,
+        settings_generation,
+        move.good,
+        move.rejections,
+        move.changes,
     )
 
 
@@ -777,11 +788,7 @@ def _part_tables(proj: Projection, index: int, kind: str) -> _PartTables:
         routes = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
         old_served = known[1]
         middle = items[head : len(items) - tail]
-        served = (
-            *old_served[:head],
-            *map(_third, middle),
-            *old_served[len(old_served) - tail :],
-        )
+        served = spliced(old_served, head, tuple(map(_third, middle)), len(old_served) - tail)
     if routes is None or served is None:
         pairs = zip(itertools.repeat(index, len(items)), map(_second, items), strict=True)
         routes = dict(zip(map(_first, items), pairs, strict=True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import operator
+from array import array
 from typing import Any
 
 import msgspec
@@ -20,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import PoolEntry, _reuse, identity_of
-from mcpool.pool._reuse import KnownItems, _spliced
+from mcpool.pool._reuse import KnownItems, _moved, _spliced
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=4),
@@ -45,7 +46,7 @@ def test_a_page_decodes_to_what_a_full_decode_gives(
     for listed in (first, second, first):
         known.start()
         result = known.decode(page("tools", listed, cursor), "tools")
-        assert result["tools"] == msgspec.json.decode(msgspec.json.encode(listed))
+        assert list(result["tools"]) == msgspec.json.decode(msgspec.json.encode(listed))
         assert result.get("nextCursor") == cursor
         known.finish(tuple(i for i in result["tools"] if isinstance(i, dict)))
 
@@ -171,7 +172,7 @@ def test_relists_after_any_edits_decode_to_what_a_full_decode_gives(
         for number, part in enumerate(pages):
             cursor = str(number + 1) if number + 1 < len(pages) else None
             result = known.decode(encoded("tools", part, cursor, layout), "tools")
-            assert result["tools"] == part
+            assert list(result["tools"]) == part
             assert result.get("nextCursor") == cursor
             got.extend(result["tools"])
         fresh = set(map(id, known.fresh))
@@ -237,7 +238,7 @@ def test_a_change_at_the_end_reuses_every_item_before_it() -> None:
     for after, same in cases:
         known.start()
         new = known.decode(page("tools", after), "tools")["tools"]
-        assert new == after
+        assert list(new) == after
         assert all(new[i] is old[i] for i in range(same))
         assert len(known.fresh) == len(after) - same
         known.start()  # (not finished: the next one compares with the first listing again)
@@ -252,7 +253,7 @@ def test_a_change_in_the_middle_reuses_the_items_on_both_sides() -> None:
     after = [*before[:20], tool("x"), tool("t21", "changed"), *before[22:]]
     known.start()
     new = known.decode(page("tools", after), "tools")["tools"]
-    assert new == after
+    assert list(new) == after
     assert all(new[i] is old[i] for i in [*range(20), *range(22, 50)])
     assert known.fresh == [new[20], new[21]]
 
@@ -262,7 +263,7 @@ def test_a_number_that_grew_is_not_taken_for_the_one_before() -> None:
     known = KnownItems()
     for listed in ([1, 12], [1, 123], [1, 123, 4], [1, 12, 4]):
         known.start()
-        assert known.decode(page("tools", listed), "tools")["tools"] == listed
+        assert list(known.decode(page("tools", listed), "tools")["tools"]) == listed
         known.finish(())
 
 
@@ -275,7 +276,7 @@ def test_an_unchanged_end_that_moved_out_of_the_list_is_not_taken_for_its_items(
     known.finish(tuple(first["tools"]))
     known.start()
     moved = known.decode(msgspec.Raw(f'{{"tools":[{a},{b}],"o":[{c},{x}]}}'.encode()), "tools")
-    assert moved["tools"] == [tool("a"), tool("b")]
+    assert list(moved["tools"]) == [tool("a"), tool("b")]
 
 
 def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept() -> None:
@@ -306,12 +307,15 @@ def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept()
 def test_a_spliced_page_list_is_the_concatenation_it_replaces(
     old: list[int], bounds: tuple[int, int], middle: list[int], shift: int
 ) -> None:
-    """`_spliced` (one copy and a slice assignment) gives what slicing and concatenating gave:
-    the items before, the new middle, the items after moved by `shift`."""
+    """`_spliced` (one copy and a slice assignment) gives what slicing and concatenating gave,
+    and `_moved` (offsets) the same with the items after moved by `shift`; neither changes
+    what it was given (the last listing's page stays whole until the next one completes)."""
     first = min(bounds[0], len(old))
     last = max(first, min(bounds[1], len(old)))
     expected = old[:first] + middle + [x + shift for x in old[last:]]
-    assert _spliced(old, first, last, middle, shift) == expected
+    offsets = array("q", old)
+    assert list(_moved(offsets, first, last, array("q", middle), shift)) == expected
+    assert list(offsets) == old
     assert _spliced(old, first, last, middle) == old[:first] + middle + old[last:]
 
 
@@ -331,3 +335,23 @@ def test_the_common_prefix_is_the_longest_shared_start_at_any_block_size(
     while naive < min(len(a), len(b)) and a[naive] == b[naive]:
         naive += 1
     assert _reuse._common_prefix(a, b) == naive
+
+
+def test_a_page_whose_items_text_is_also_elsewhere_keeps_its_encodings_to_reuse_by() -> None:
+    """When the items' array text is found twice in the page, nothing tells which is the list:
+    the page keeps no offsets (it is never compared), only each item's encoding, and the next
+    listing still finds its unchanged items by them."""
+    listed = [tool("a"), tool("b")]
+    inner = msgspec.json.encode(listed)
+    twice = msgspec.Raw(b'{"tools":' + inner + b',"also":' + inner + b"}")
+    known = KnownItems()
+    known.start()
+    first = known.decode(twice, "tools")["tools"]
+    assert list(first) == listed
+    known.finish(tuple(first))
+    assert known.encoded(tuple(first)) is None  # no offsets: not the pages' own bytes
+    known.start()
+    again = known.decode(twice, "tools")["tools"]
+    assert list(again) == listed
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    assert known.fresh == []
