@@ -38,11 +38,13 @@ class StoredSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
     era: str | None = None
     protocol_version: str | None = msgspec.field(default=None, name="protocolVersion")
     saved_at: float = msgspec.field(default=0.0, name="savedAt")  # wall clock
-    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    prompts: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    resources: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    resource_templates: list[dict[str, Any]] = msgspec.field(
-        default_factory=list, name="resourceTemplates"
+    # Tuples: a record made from a snapshot holds the snapshot's own (a list of 5,000 copied on
+    # every list_changed was a pass over 5,000 scattered items, and a free).
+    tools: tuple[dict[str, Any], ...] = ()
+    prompts: tuple[dict[str, Any], ...] = ()
+    resources: tuple[dict[str, Any], ...] = ()
+    resource_templates: tuple[dict[str, Any], ...] = msgspec.field(
+        default=(), name="resourceTemplates"
     )
     instructions: str | None = None
     capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -121,10 +123,10 @@ def to_record(
         era=era,
         protocol_version=protocol_version,
         saved_at=saved_at,
-        tools=list(snapshot.tools),
-        prompts=list(snapshot.prompts),
-        resources=list(snapshot.resources),
-        resource_templates=list(snapshot.resource_templates),
+        tools=snapshot.tools,
+        prompts=snapshot.prompts,
+        resources=snapshot.resources,
+        resource_templates=snapshot.resource_templates,
         instructions=snapshot.instructions,
         capabilities=snapshot.capabilities,
     )

@@ -21,11 +21,12 @@ import itertools
 import operator
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._canoncache import canonical_of
 from ._changes import change_set
+from ._tables import patched_by, whole
 from ._view import Projection, predecessor, restrict, spliced
 
 if TYPE_CHECKING:
@@ -93,9 +94,10 @@ class Aggregate:
         self.prompt_routes: dict[str, tuple[int, str]] = {}
         self.resource_routes: dict[str, int] = {}
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
-        # Per list kind: key (exposed name or URI) -> canonical bytes; equal dicts (in any
-        # order) <=> canonically equal (S4).
-        self.canonical: dict[str, dict[str, bytes]] = {}
+        # Per list kind: key (exposed name or URI) -> canonical bytes; equal tables (in any
+        # order) <=> canonically equal (S4). (A table may read through an older one's:
+        # session/_tables.py.)
+        self.canonical: dict[str, Mapping[str, bytes]] = {}
         # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
         # (a cache, not state).
         self.encoded: dict[str, bytes] = {}
@@ -152,7 +154,7 @@ class RegistryGeneration:
         return self.agg.resource_templates
 
     @property
-    def canonical(self) -> dict[str, dict[str, bytes]]:
+    def canonical(self) -> dict[str, Mapping[str, bytes]]:
         return self.agg.canonical
 
     @property
@@ -212,7 +214,7 @@ class RegistryGeneration:
 
 # Canonical bytes of a projection's items, per kind and key, computed once however many sessions
 # serve the same projection (projections are shared and immutable; the cache dies with them).
-_projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, dict[str, bytes]]] = (
+_projection_canonical: weakref.WeakKeyDictionary[Projection, dict[str, Mapping[str, bytes]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -227,18 +229,18 @@ _tools_same: weakref.WeakKeyDictionary[Projection, tuple[weakref.ref[Projection]
 )
 
 
-def projection_canonical(proj: Projection) -> dict[str, dict[str, bytes]]:
+def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
         # Clones shared with the projection this one was made from keep their bytes.
         link = predecessor(proj)
         known = _projection_canonical.get(link[0]) if link is not None else None
-        tools: dict[str, bytes] | None = None
+        tools: Mapping[str, bytes] | None = None
         if link is not None and known is not None:
             before, head, tail = link
             old = known["tools"]
             kept = {id(t) for t in before.tools[head : len(before.tools) - tail]}
-            tools = _patched(
+            tools = _read_through(
                 proj.tools,
                 before.tools,
                 head,
@@ -305,6 +307,31 @@ def _patched(
     for t in items[head : len(items) - tail]:
         out[t[0] if key is None else key(t[0])] = value(t)
     return out if len(out) == len(items) else None
+
+
+def _read_through(
+    items: tuple[_Item, ...],
+    before: tuple[_Item, ...],
+    head: int,
+    tail: int,
+    table: Mapping[str, Any],
+    value: Callable[[_Item], Any],
+    key: Callable[[str], str] | None = None,
+) -> Mapping[str, Any] | None:
+    """`_patched` as a table that reads through `table` (session/_tables.py): the 5,000
+    unchanged entries are not copied. For the tables read entry by entry (canonical bytes,
+    validated names) until something asks for one whole; routes, read on every call, are
+    dicts."""
+    if len(table) != len(before):
+        return None
+    return patched_by(
+        table,
+        before[head : len(before) - tail],
+        items[head : len(items) - tail],
+        _first if key is None else (lambda t: key(t[0])),
+        value,
+        len(items),
+    )
 
 
 _first = operator.itemgetter(0)
@@ -562,7 +589,7 @@ class _OwnNames(NamedTuple):
 
     # casefolded exposed name -> the item (exposed, upstream, served), for the items before
     # `problem` (the first of each name)
-    names: dict[str, _Item]
+    names: Mapping[str, _Item]
     # The first item that breaks a rule on its own (a name rule, or a name the projection
     # already uses): (position, upstream name, rule); None when there is none.
     problem: tuple[int, str, str] | None
@@ -602,14 +629,14 @@ def _names_patched(
     before: tuple[_Item, ...],
     head: int,
     tail: int,
-    names: dict[str, _Item],
+    names: Mapping[str, _Item],
 ) -> _OwnNames | None:
     """`before`'s valid names (by folded exposed name), for `items` (see `_patched`): None
     unless every new middle item passes the name rules and takes a name nobody else in `items`
     has (the full pass then finds which item is first to break a rule)."""
     if any(_name_rule(t[1], "tool") is not None for t in items[head : len(items) - tail]):
         return None
-    out = _patched(items, before, head, tail, names, _itself, str.casefold)
+    out = _read_through(items, before, head, tail, names, _itself, str.casefold)
     return _OwnNames(out, None) if out is not None else None
 
 
@@ -677,7 +704,7 @@ def _claim(
     for kind, mine in zip(("tool", "prompt"), own, strict=True):
         claimed = claims.names[kind]
         problem = mine.problem
-        taken = mine.names.keys() & claimed.keys() if claimed else ()
+        taken = whole(mine.names).keys() & claimed.keys() if claimed else ()
         if taken:
             # The first taken name in list order (its first item: `names` keeps the first).
             items = proj.tools if kind == "tool" else proj.prompts
@@ -697,8 +724,9 @@ def _claim(
     if last:
         return None  # nobody claims after it: its names need not be recorded
     for kind, mine in zip(("tool", "prompt"), own, strict=True):
-        claims.names[kind].update(mine.names)
-        claims.owners[kind].update(dict.fromkeys(mine.names, index))
+        names = whole(mine.names)
+        claims.names[kind].update(names)
+        claims.owners[kind].update(dict.fromkeys(names, index))
     return None
 
 
@@ -713,8 +741,9 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     prompt_routes: dict[str, tuple[int, str]] = {}
     resource_routes: dict[str, int] = {}
     template_routes: list[tuple[re.Pattern[str], str, int]] = []
-    canon: dict[str, dict[str, bytes]] = {k: {} for k in LIST_KINDS}
-    parts: dict[str, list[tuple[dict[str, tuple[int, str]], tuple[Any, ...], dict[str, bytes]]]]
+    canon: dict[str, Mapping[str, bytes]] = {}
+    resources_canon: dict[str, bytes] = {}
+    parts: dict[str, list[tuple[dict[str, tuple[int, str]], tuple[Any, ...], Mapping[str, bytes]]]]
     parts = {"tools": [], "prompts": []}
     for index, proj in enumerate(projections):
         if not proj.available:
@@ -727,31 +756,36 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
             if isinstance(uri, str) and uri not in resource_routes:
                 resource_routes[uri] = index
                 resources.append(res)
-                canon["resources"][uri] = pc["resources"][uri]
+                resources_canon[uri] = pc["resources"][uri]
         for tpl in proj.resource_templates:
             uri_t = tpl.get("uriTemplate")
             if isinstance(uri_t, str):
                 template_routes.append((template_pattern(uri_t), uri_t, index))
                 templates.append(tpl)
-                canon["resources"]["template:" + uri_t] = pc["resources"]["template:" + uri_t]
+                resources_canon["template:" + uri_t] = pc["resources"]["template:" + uri_t]
     # Names are unique across the parts (`_claim`): each part's tables merge whole, and one
     # part's are the aggregate's (shared, never modified).
     if len(parts["tools"]) == 1:
         tool_routes, agg.tools, canon["tools"] = parts["tools"][0]
     else:
+        tools_canon: dict[str, bytes] = {}
         for routes, served, part_canon in parts["tools"]:
             tool_routes.update(routes)
             tools.extend(served)
-            canon["tools"].update(part_canon)
+            tools_canon.update(whole(part_canon))
         agg.tools = tuple(tools)
+        canon["tools"] = tools_canon
     if len(parts["prompts"]) == 1:
         prompt_routes, agg.prompts, canon["prompts"] = parts["prompts"][0]
     else:
+        prompts_canon: dict[str, bytes] = {}
         for routes, served, part_canon in parts["prompts"]:
             prompt_routes.update(routes)
             prompts.extend(served)
-            canon["prompts"].update(part_canon)
+            prompts_canon.update(whole(part_canon))
         agg.prompts = tuple(prompts)
+        canon["prompts"] = prompts_canon
+    canon["resources"] = resources_canon
     agg.resources = tuple(resources)
     agg.resource_templates = tuple(templates)
     agg.tool_routes = tool_routes

@@ -89,7 +89,7 @@ def _record(fingerprint: str, *names: str, version: str = "1.0") -> StoredSnapsh
         fingerprint=fingerprint,
         server_name="srv",
         server_version=version,
-        tools=[tool(n) for n in names],
+        tools=tuple(tool(n) for n in names),
         capabilities={"tools": {}},
     )
 
@@ -334,11 +334,11 @@ async def test_a_relisted_snapshot_is_written_with_the_lists_as_listed(
                     return loaded
                 await trio.sleep(0.01)
 
-    assert (await written(["a", "b"])).tools == list(entry.snapshot.tools)
+    assert (await written(["a", "b"])).tools == entry.snapshot.tools
     server.tools = [tool("a"), tool("b", "changed"), tool("c")]
     server.upstreams[-1].list_changed()
     loaded = await written(["a", "b", "c"])
-    assert loaded.tools == list(entry.snapshot.tools)
+    assert loaded.tools == entry.snapshot.tools
     assert loaded.tools[1]["description"] == "changed"
     assert from_record(loaded, 0).tools == entry.snapshot.tools
 
@@ -378,5 +378,5 @@ def test_a_record_written_in_pieces_is_the_record_encoded_with_its_lists_joined(
     whole = {f: msgspec.Raw(b"".join(p)) for f, p in encoded.items()}
     assert joined == msgspec.json.encode(msgspec.structs.replace(record, **whole))
     assert msgspec.json.decode(joined, type=StoredSnapshot) == msgspec.structs.replace(
-        record, **lists
+        record, **{field: tuple(items) for field, items in lists.items()}
     )
