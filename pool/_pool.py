@@ -53,7 +53,6 @@ from ._reuse import KnownItems
 from ._snapshots import (
     EncodedList,
     SnapshotStore,
-    StoredSnapshot,
     from_record,
     invalidation,
     to_record,
@@ -74,6 +73,7 @@ CRASH_LOOP_WINDOW = 120.0
 CRASH_LOOP_COOLDOWN = 300.0
 MAX_LIST_PAGES = 1000  # a server paginating past this is looping on its cursor
 ENTRY_CLOSE_BOUND = 10.0  # L4's three steps take at most ~6 s; this bounds a pathological one
+SNAPSHOTS_SETTLE_BOUND = 2.0  # the snapshot writes asked for before shutdown: a local disk takes ms
 # A drained entry waits for its requests in flight at most their time limit plus this: the
 # connection's own timer answers each by then; the slack only covers that timer's wake-up.
 IN_FLIGHT_SLACK = 1.0
@@ -146,11 +146,6 @@ class Pool:
         self._nursery = nursery
         # Discoveries kept across daemon restarts (None: none kept).
         self._snapshots = snapshots
-        # Saves run one at a time, each writing the newest record of its fingerprint: an
-        # earlier relist never overwrites a later one, whatever order the tasks run in.
-        self._save_lock = trio.Lock()
-        # fingerprint -> the record to write, with its lists' bytes where the pages give them
-        self._unsaved: dict[str, tuple[StoredSnapshot, dict[str, EncodedList]]] = {}
         self._options = options or PoolOptions()
         self._guardian = guardian
         self._rng = rng or random.Random()
@@ -292,25 +287,18 @@ class Pool:
         if entry.stored is not None and entry.stored.same_content(record):
             return
         entry.stored = record
-        if record.fingerprint not in self._unsaved:
-            self._nursery.start_soon(self._save, store, record.fingerprint)
         # A 5,000-tool list re-encoded on every list_changed cost more loop time than its
         # relist: the lists whose pages are the snapshot's go as the upstream's own bytes (as
         # views of them: each 605 KB copy was about 0.25 ms of loop time).
-        encoded = {}
+        encoded: dict[str, EncodedList] = {}
         for field, method in _STORED_LISTS:
             parts = entry.known_items[method].encoded_parts(getattr(snapshot, field))
             if parts is not None:
                 encoded[field] = parts
-        self._unsaved[record.fingerprint] = (record, encoded)
-
-    async def _save(self, store: SnapshotStore, fingerprint: str) -> None:
-        # The pool's nursery must never see a store's failure: the cache is an optimisation.
+        # Handed on, not awaited (the store writes it in order, off the loop). The relist
+        # must never see a store's failure: the cache is an optimisation.
         try:
-            async with self._save_lock:
-                unsaved = self._unsaved.pop(fingerprint, None)
-                if unsaved is not None:
-                    await store.save(*unsaved)
+            store.save(record, encoded)
         except Exception as exc:
             self.log("warning", f"snapshot not saved: {_describe(exc)}")
 
@@ -436,6 +424,9 @@ class Pool:
         with trio.move_on_after(ENTRY_CLOSE_BOUND):
             for entry in list(self._entries.values()):
                 await entry.closed.wait()
+        if self._snapshots is not None:
+            with trio.move_on_after(SNAPSHOTS_SETTLE_BOUND):
+                await self._snapshots.settled()
 
     def _close_entry(self, entry: PoolEntry, reason: str) -> None:
         entry.closing = True

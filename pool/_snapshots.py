@@ -62,13 +62,18 @@ class SnapshotStore(Protocol):
 
     def load(self, fingerprint: str) -> StoredSnapshot | None: ...
 
-    async def save(
+    def save(
         self, record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None = None
     ) -> None:
-        """Keep `record`; `encoded`: some of its list fields (by attribute name) as JSON
-        already (the pieces that, joined, make it), to be written as they are."""
+        """Keep `record`, now or soon, never holding up the caller (a file store hands it to a
+        thread); `encoded`: some of its list fields (by attribute name) as JSON already (the
+        pieces that, joined, make it), to be written as they are. Later saves and forgets of
+        a fingerprint win over earlier ones."""
 
     def forget(self, fingerprint: str) -> None: ...
+
+    async def settled(self) -> None:
+        """Once every save and forget asked for so far is done."""
 
 
 class MemorySnapshotStore:
@@ -80,13 +85,16 @@ class MemorySnapshotStore:
     def load(self, fingerprint: str) -> StoredSnapshot | None:
         return self.records.get(fingerprint)
 
-    async def save(
+    def save(
         self, record: StoredSnapshot, encoded: Mapping[str, EncodedList] | None = None
     ) -> None:
         self.records[record.fingerprint] = record
 
     def forget(self, fingerprint: str) -> None:
         self.records.pop(fingerprint, None)
+
+    async def settled(self) -> None:
+        return
 
 
 def server_identity(server_info: dict[str, Any]) -> tuple[str, str]:

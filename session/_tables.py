@@ -85,12 +85,19 @@ class PatchedTable(Mapping[str, _V]):
     __hash__ = None  # type: ignore[assignment]  # (as a dict's: a table is not a key)
 
     def whole(self) -> dict[str, _V]:
-        """The table as one dict (made once: copied from the base's and patched)."""
+        """The table as one dict, made once: the nearest whole table it reads through copied,
+        and the patches since applied in order (the tables between are not made whole)."""
         if self._whole is None:
-            out = whole(self._base).copy()
-            for key in self._gone:
-                out.pop(key, None)
-            out.update(self._came)
+            chain: list[PatchedTable[_V]] = []
+            table: Mapping[str, _V] = self
+            while isinstance(table, PatchedTable) and table._whole is None:
+                chain.append(table)
+                table = table._base
+            out = whole(table).copy()
+            for step in reversed(chain):
+                for key in step._gone:
+                    out.pop(key, None)
+                out.update(step._came)
             self._whole = out
             # (The chain is no longer read: it may go, and a table made from this one reads
             # through one table, not this one's chain.)

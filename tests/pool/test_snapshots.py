@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ async def test_a_stored_snapshot_is_the_first_snapshot_and_a_request_waits_for_t
     server.start_gate = gate
     net = FakeNet(srv=server)
     store = MemorySnapshotStore()
-    await store.save(_record(IDENTITY.fingerprint, "alpha"))
+    store.save(_record(IDENTITY.fingerprint, "alpha"))
     log = Logs()
     async with trio.open_nursery() as nursery:
         pool = _pool(nursery, net, store, log)
@@ -150,7 +151,7 @@ async def test_a_request_waits_no_longer_than_the_entrys_start_timeout(
     server = FakeServer(tools=[tool("alpha")])
     server.start_gate = trio.Event()  # never opens
     store = MemorySnapshotStore()
-    await store.save(_record(IDENTITY.fingerprint, "alpha"))
+    store.save(_record(IDENTITY.fingerprint, "alpha"))
     async with trio.open_nursery() as nursery:
         pool = _pool(nursery, FakeNet(srv=server), store, Logs())
         handle = await pool.acquire(IDENTITY, SETTINGS, "s1", Listener())
@@ -168,7 +169,7 @@ async def test_a_changed_server_version_drops_the_stored_record(
     server = FakeServer(tools=[tool("new")])
     server.start_gate = gate
     store = MemorySnapshotStore()
-    await store.save(_record(IDENTITY.fingerprint, "old", version="1.0"))
+    store.save(_record(IDENTITY.fingerprint, "old", version="1.0"))
     log = Logs()
     async with trio.open_nursery() as nursery:
         pool = _pool(nursery, FakeNet(srv=server), store, log)
@@ -254,7 +255,8 @@ async def test_the_file_store_writes_0600_and_bounds_the_folder(tmp_path: Path) 
     folder = tmp_path / "snapshots"
     store = FileSnapshotStore(folder, Logs(), max_bytes=1500)
     for i in range(4):
-        await store.save(_record(f"fp{i}", *(f"tool{j}" for j in range(5))))
+        store.save(_record(f"fp{i}", *(f"tool{j}" for j in range(5))))
+        await store.settled()
         path = folder / snapshot_file_name(f"fp{i}")
         os.utime(path, (1000.0 + i, 1000.0 + i))
     remaining = sorted(p.name for p in folder.glob("*.json"))
@@ -267,11 +269,57 @@ async def test_the_file_store_writes_0600_and_bounds_the_folder(tmp_path: Path) 
     assert loaded is not None and loaded.tools[0]["name"] == "tool0"
 
 
+async def test_the_file_store_writes_in_order_the_newest_of_each_and_never_undoes_a_forget(
+    tmp_path: Path,
+) -> None:
+    """Saves are handed to the store's writer thread and not awaited: saves of one fingerprint
+    waiting together are one write of the newest, and a forget asked for after a save is done
+    after it (the file is gone, not written back by the earlier save)."""
+    store = FileSnapshotStore(tmp_path, Logs())
+    for i in range(50):
+        store.save(_record("fp", f"tool{i}"))
+    store.save(_record("gone", "x"))
+    store.forget("gone")
+    store.forget("never")  # nothing to remove: not an error
+    with trio.fail_after(5):
+        await store.settled()
+    loaded = store.load("fp")
+    assert loaded is not None and [t["name"] for t in loaded.tools] == ["tool49"]
+    assert not (tmp_path / snapshot_file_name("gone")).exists()
+    store.save(_record("gone", "back"))  # a save after the forget is written
+    with trio.fail_after(5):
+        await store.settled()
+    again = store.load("gone")
+    assert again is not None and [t["name"] for t in again.tools] == ["back"]
+
+
+async def test_a_snapshot_write_that_fails_is_a_warning_logged_on_the_loop_thread(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    said: list[tuple[str, str, int]] = []
+
+    def log(level: str, message: str, **fields: Any) -> None:
+        said.append((level, message, threading.get_ident()))
+
+    store = FileSnapshotStore(blocker / "snapshots", log)
+    store.save(_record("fp", "a"))
+    with trio.fail_after(5):
+        await store.settled()
+        while not said:
+            await trio.sleep(0.01)
+    level, message, thread = said[0]
+    assert level == "warning" and "not written" in message and "not-a-folder" in message
+    assert thread == threading.get_ident()  # the loop's thread, not the writer's
+
+
 async def test_loading_a_record_allocates_for_its_size_not_the_bound(tmp_path: Path) -> None:
     # A load per entry made used to allocate MAX_SNAPSHOT_FILE_BYTES to read a few KiB, which
     # grew the daemon's heap by kilobytes per session-scoped entry (glibc's mmap threshold).
     store = FileSnapshotStore(tmp_path, Logs())
-    await store.save(_record("fp", "one", "two"))
+    store.save(_record("fp", "one", "two"))
+    await store.settled()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()

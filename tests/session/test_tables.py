@@ -63,3 +63,18 @@ def test_a_table_made_whole_keeps_its_answers_and_lets_its_chain_go() -> None:
     assert table._base is table.whole()  # (the dict it read through is no longer held)
     assert table.get("a") is None and table["c"] == 3 and len(table) == 2
     assert base == {"a": 1, "b": 2}  # the table it was made from is unchanged
+
+
+def test_a_table_made_whole_copies_once_not_once_per_table_it_reads_through() -> None:
+    """Made whole, a table copies the nearest whole table once and applies the patches since
+    in order; the tables between stay as they were (no copy each)."""
+    table: Mapping[str, int] = {f"k{i}": i for i in range(10)}
+    chain = []
+    for step in range(MAX_DEPTH - 1):
+        made = patched(table, [f"k{step}"], [(f"k{step}", 100 + step)], 10)
+        assert isinstance(made, PatchedTable)
+        chain.append(made)
+        table = made
+    assert chain[-1].whole() == {f"k{i}": (100 + i if i < MAX_DEPTH - 1 else i) for i in range(10)}
+    assert all(t._whole is None for t in chain[:-1])
+    assert chain[2]["k2"] == 102 and chain[2]["k3"] == 3
