@@ -34,6 +34,23 @@ def normalize_level(level: str) -> str:
     return name
 
 
+class _Kept(dict[str, bool]):
+    """Whether each level (and alias) is kept; a level callers made up is kept as an error
+    is (logged rather than lost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threshold = LEVELS[DEFAULT_LEVEL]
+
+    def set_threshold(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.update({name: value >= threshold for name, value in LEVELS.items()})
+        self.update({alias: LEVELS[name] >= threshold for alias, name in ALIASES.items()})
+
+    def __missing__(self, level: str) -> bool:
+        return LEVELS["error"] >= self.threshold
+
+
 class JsonLinesLog:
     def __init__(
         self,
@@ -45,7 +62,11 @@ class JsonLinesLog:
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.level = normalize_level(level)
-        self._threshold = LEVELS[self.level]
+        self._kept = _Kept()
+        self._kept.set_threshold(LEVELS[self.level])
+        # `enabled(level)`: whether a record of `level` is kept. The table's own lookup, no
+        # Python frame: every session asks it once per change of its lists (issue 17).
+        self.enabled = self._kept.__getitem__
         self.max_bytes = max_bytes
         self.backups = backups
         self._file: TextIO | None = None
@@ -53,11 +74,7 @@ class JsonLinesLog:
 
     def set_level(self, level: str) -> None:
         self.level = normalize_level(level)
-        self._threshold = LEVELS[self.level]
-
-    def enabled(self, level: str) -> bool:
-        # Unknown levels from callers are logged rather than lost.
-        return LEVELS.get(ALIASES.get(level, level), LEVELS["error"]) >= self._threshold
+        self._kept.set_threshold(LEVELS[self.level])  # (in place: `enabled` stays bound to it)
 
     def record(self, level: str, message: str, **fields: Any) -> str | None:
         """Format and write one record; the line written, or None when filtered out."""

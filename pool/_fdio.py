@@ -47,7 +47,9 @@ class FdWriter:
         self._fd = fd
         self._max_buffer = max_buffer
         self._chunks: list[bytes] = []
-        self._buffered = 0
+        # Bytes queued, not yet written: an attribute, not a property (every session asks it
+        # once per change of its lists, issue 17).
+        self.buffered = 0
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._drained.set()
@@ -59,10 +61,6 @@ class FdWriter:
     @property
     def fd(self) -> int:
         return self._fd
-
-    @property
-    def buffered(self) -> int:
-        return self._buffered
 
     def write(self, data: bytes) -> None:
         """Write now, or queue. Raises WriterClosed when the peer is gone or the buffer is full."""
@@ -79,11 +77,11 @@ class FdWriter:
             if n == len(data):
                 return
             data = data[n:]
-        if self._buffered + len(data) > self._max_buffer:
+        if self.buffered + len(data) > self._max_buffer:
             self._fail(f"outgoing buffer full ({self._max_buffer} bytes): the peer stopped reading")
             raise WriterClosed(self.error)
         self._chunks.append(data)
-        self._buffered += len(data)
+        self.buffered += len(data)
         self._drained = trio.Event() if self._drained.is_set() else self._drained
         self._wake.set()
         if self._spawn is not None and not self._draining:
@@ -99,7 +97,7 @@ class FdWriter:
             self.closed = True
             self.error = reason
         self._chunks.clear()
-        self._buffered = 0
+        self.buffered = 0
         self._wake.set()
         self._drained.set()
 
@@ -133,7 +131,7 @@ class FdWriter:
             except OSError as exc:
                 self._write_failed(exc)
                 return
-            self._buffered -= n
+            self.buffered -= n
             if n == len(chunk):
                 self._chunks.pop(0)
             else:

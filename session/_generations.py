@@ -28,7 +28,7 @@ from ._registry import (
     build_candidate,
     followed,
 )
-from ._view import SessionView, shared_projection
+from ._view import SessionView, projection_refs, shared_projection
 
 if TYPE_CHECKING:
     from mcpool.pool import Snapshot
@@ -40,6 +40,8 @@ def _snapshot_of(view: SessionView) -> Snapshot:
     assert view.handle is not None
     return view.handle.entry.snapshot
 
+
+_projection_refs = projection_refs()
 
 # The list_changed lines, encoded once (every session of a changed aggregate sends one).
 _LIST_CHANGED = {kind: notification(f"notifications/{kind}/list_changed") for kind in LIST_KINDS}
@@ -178,7 +180,8 @@ class SessionGenerations(SessionForwarding):
         the log. A server whose part is rejected keeps its fallback (`build_candidate`), and
         the rest, policy changes included, is published (S3, S8)."""
         # Runs once per session of a changed entry (200 sessions: 200 times per list_changed),
-        # so `fresh_part`, the logging check and the rejections' bookkeeping are inlined.
+        # so `fresh_part` with `shared_projection`'s cache hit, the logging check and the
+        # rejections' bookkeeping are inlined.
         views = tuple(self.views.values())
         budget = self.name_budget
         projections = []
@@ -186,8 +189,14 @@ class SessionGenerations(SessionForwarding):
             handle = view.handle
             assert handle is not None
             entry = handle.entry
+            snapshot = entry.snapshot
+            key, name, prefix = view.key, view.name, view.prefix
+            ref = _projection_refs.get((entry, snapshot.generation, key, name, prefix, budget))
+            found = ref() if ref is not None else None
             projections.append(
-                shared_projection(entry, entry.snapshot, view.key, view.name, view.prefix, budget)
+                found
+                if found is not None
+                else shared_projection(entry, snapshot, key, name, prefix, budget)
             )
         fresh = tuple(projections)
         # The views and their projections (compared by identity: Projection has eq=False).

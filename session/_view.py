@@ -208,6 +208,12 @@ def predecessor(proj: Projection) -> tuple[Projection, int, int] | None:
     return None if before is None else (before, found[1], found[2])
 
 
+def projection_refs() -> dict[_ProjectionKey, Callable[[], Projection | None]]:
+    """`shared_projection`'s cache as the weak references it holds: a hit is one dictionary
+    lookup and one call of the reference (for a caller that looks up once per session)."""
+    return _cache_refs
+
+
 # Per (entry, policy, names): its latest projection, which the next snapshot's builds on.
 _LatestKey = tuple[PoolEntry, PolicyKey, str, bool, int]
 _latest: weakref.WeakValueDictionary[_LatestKey, Projection] = weakref.WeakValueDictionary()

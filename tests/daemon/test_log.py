@@ -38,6 +38,26 @@ def test_level_filters_below_threshold(tmp_path: Path) -> None:
     assert messages == ["loud", "now shown"]
 
 
+def test_enabled_follows_the_level_set_later_aliases_too_and_keeps_unknown_levels() -> None:
+    """`enabled`, bound once (sessions keep it), answers for the level set after: the table it
+    looks up is changed in place. A level a caller made up is kept as an error is."""
+    log = JsonLinesLog(None, level="warning")
+    enabled = log.enabled
+    assert [enabled(x) for x in ("debug", "info", "warning", "warn", "error", "err")] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
+    assert enabled("made-up")
+    log.set_level("debug")
+    assert enabled("debug") and enabled("info")
+    log.set_level("error")
+    assert not enabled("warn") and enabled("err") and enabled("made-up")
+
+
 def test_levels_are_normalized_and_unknown_ones_rejected() -> None:
     assert normalize_level("WARN") == "warning"
     assert normalize_level(" Debug ") == "debug"
