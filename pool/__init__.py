@@ -26,6 +26,7 @@ from ._pool import (
     discover,
     is_crash_loop,
 )
+from ._reuse import spliced
 from ._snapshots import (
     SNAPSHOT_FORMAT,
     EncodedList,
@@ -82,6 +83,7 @@ __all__ = [
     "next_idle_since",
     "read_some",
     "redact_url",
+    "spliced",
     "transition",
     "transport_kind",
     "wrap_output_schemas",

@@ -24,10 +24,12 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from mcpool.pool import spliced
+
 from ._canoncache import canonical_of
 from ._changes import change_set
 from ._tables import patched_by, whole
-from ._view import Projection, predecessor, restrict, spliced
+from ._view import Projection, predecessor, restrict
 
 if TYPE_CHECKING:
     from mcpool.pool import Snapshot
@@ -822,7 +824,7 @@ def _part_tables(proj: Projection, index: int, kind: str) -> _PartTables:
         routes = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
         old_served = known[1]
         middle = items[head : len(items) - tail]
-        served = spliced(old_served, head, tuple(map(_third, middle)), len(old_served) - tail)
+        served = spliced(old_served, head, len(old_served) - tail, tuple(map(_third, middle)))
     if routes is None or served is None:
         pairs = zip(itertools.repeat(index, len(items)), map(_second, items), strict=True)
         routes = dict(zip(map(_first, items), pairs, strict=True))

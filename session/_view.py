@@ -14,12 +14,12 @@ import itertools
 import operator
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import Raw, UnsetType
 
-from mcpool.pool import Handle, PoolEntry, Snapshot
+from mcpool.pool import Handle, PoolEntry, Snapshot, spliced
 from mcpool.protocol import Message
 
 from ._names import MAX_NAME, exposed_name
@@ -112,13 +112,13 @@ def project(
         cloned[position] = (exposed, upstream, {**tool, "name": exposed, "_meta": meta})
     # (Left None: not a tool, or hidden.)
     end = len(old_tools) - tail
-    tools = spliced(old_tools, head, tuple(filter(None, cloned)), end)
+    tools = spliced(old_tools, head, end, tuple(filter(None, cloned)))
     if len(tools) == len(snapshot.tools):
         # Every item projected: the sources are the snapshot's own list (which the pool's
         # `kept` names when it lists the next one).
         tool_sources = snapshot.tools
     else:
-        tool_sources = spliced(old_sources, head, tuple(itertools.compress(middle, cloned)), end)
+        tool_sources = spliced(old_sources, head, end, tuple(itertools.compress(middle, cloned)))
     prompts: list[tuple[str, str, dict[str, Any]]] = []
     prompt_sources: list[dict[str, Any]] = []
     for prompt in snapshot.prompts:
@@ -157,16 +157,6 @@ def project(
     if previous is not None and sources is not None:
         _predecessors[proj] = (weakref.ref(previous), head, tail)
     return proj
-
-
-_T = TypeVar("_T")
-
-
-def spliced(old: tuple[_T, ...], head: int, middle: tuple[_T, ...], end: int) -> tuple[_T, ...]:
-    """`old` with its items head..end replaced by `middle`. Concatenated: each unchanged item
-    is referenced about three times (unpacked into a list, about five), and each reference is a
-    write to an object somewhere on the heap, the main cost with 5,000 items (issue 17)."""
-    return old[:head] + middle + old[end:]
 
 
 def common_ends(new: Sequence[Any], old: Sequence[Any]) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import PoolEntry, _reuse, identity_of
-from mcpool.pool._reuse import KnownItems, _moved, _spliced
+from mcpool.pool._reuse import KnownItems, _moved, spliced
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=4),
@@ -307,7 +307,7 @@ def test_a_listing_is_encoded_as_its_pages_bytes_only_when_every_item_was_kept()
 def test_a_spliced_page_list_is_the_concatenation_it_replaces(
     old: list[int], bounds: tuple[int, int], middle: list[int], shift: int
 ) -> None:
-    """`_spliced` (one copy and a slice assignment) gives what slicing and concatenating gave,
+    """`spliced` gives what slicing and concatenating gave,
     and `_moved` (offsets) the same with the items after moved by `shift`; neither changes
     what it was given (the last listing's page stays whole until the next one completes)."""
     first = min(bounds[0], len(old))
@@ -316,7 +316,9 @@ def test_a_spliced_page_list_is_the_concatenation_it_replaces(
     offsets = array("q", old)
     assert list(_moved(offsets, first, last, array("q", middle), shift)) == expected
     assert list(offsets) == old
-    assert _spliced(old, first, last, middle) == old[:first] + middle + old[last:]
+    assert spliced(tuple(old), first, last, tuple(middle)) == tuple(
+        old[:first] + middle + old[last:]
+    )
 
 
 @given(
