@@ -242,7 +242,7 @@ def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
             before, head, tail = link
             old = known["tools"]
             kept = {id(t) for t in before.tools[head : len(before.tools) - tail]}
-            tools = _read_through(
+            tools = _patched(
                 proj.tools,
                 before.tools,
                 head,
@@ -291,39 +291,16 @@ def _patched(
     before: tuple[_Item, ...],
     head: int,
     tail: int,
-    table: dict[str, Any],
-    value: Callable[[_Item], Any],
-    key: Callable[[str], str] | None = None,
-) -> dict[str, Any] | None:
-    """`table` (one entry per item of `before`, by exposed name, or by `key` of it) for
-    `items`, which start with `head` and end with `tail` of the very items of `before`: a copy
-    (one C pass) with the middle's entries replaced by `value` of each new middle item. None
-    when the names do not come out one per item (the caller then computes the table whole)."""
-    if len(table) != len(before):
-        return None
-    # copy(), not dict(): a table patched before has deleted slots, and dict() of such a dict
-    # inserts entry by entry (10x the C copy copy() still makes).
-    out = table.copy()
-    for t in before[head : len(before) - tail]:
-        out.pop(t[0] if key is None else key(t[0]), None)
-    for t in items[head : len(items) - tail]:
-        out[t[0] if key is None else key(t[0])] = value(t)
-    return out if len(out) == len(items) else None
-
-
-def _read_through(
-    items: tuple[_Item, ...],
-    before: tuple[_Item, ...],
-    head: int,
-    tail: int,
     table: Mapping[str, Any],
     value: Callable[[_Item], Any],
     key: Callable[[str], str] | None = None,
 ) -> Mapping[str, Any] | None:
-    """`_patched` as a table that reads through `table` (session/_tables.py): the 5,000
-    unchanged entries are not copied. For the tables read entry by entry (canonical bytes,
-    validated names) until something asks for one whole; routes, read on every call, are
-    dicts."""
+    """`table` (one entry per item of `before`, by exposed name, or by `key` of it) for
+    `items`, which start with `head` and end with `tail` of the very items of `before`: the
+    middle's entries replaced by `value` of each new middle item, as a table that reads through
+    `table` (session/_tables.py: the 5,000 unchanged entries are not copied until something
+    asks for it whole, `whole`). None when the names do not come out one per item (the caller
+    then computes the table whole)."""
     if len(table) != len(before):
         return None
     return patched_by(
@@ -638,7 +615,7 @@ def _names_patched(
     has (the full pass then finds which item is first to break a rule)."""
     if any(_name_rule(t[1], "tool") is not None for t in items[head : len(items) - tail]):
         return None
-    out = _read_through(items, before, head, tail, names, _itself, str.casefold)
+    out = _patched(items, before, head, tail, names, _itself, str.casefold)
     return _OwnNames(out, None) if out is not None else None
 
 
@@ -821,7 +798,9 @@ def _part_tables(proj: Projection, index: int, kind: str) -> _PartTables:
     known = _part_tables_of.get(link[0], {}).get((index, kind)) if link is not None else None
     if link is not None and known is not None:
         before, head, tail = link
-        routes = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
+        # (Routes are read on every call: a dict, the one copy made now.)
+        patched = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
+        routes = whole(patched) if patched is not None else None
         old_served = known[1]
         middle = items[head : len(items) - tail]
         served = spliced(old_served, head, len(old_served) - tail, tuple(map(_third, middle)))

@@ -93,6 +93,8 @@ class PatchedTable(Mapping[str, _V]):
             while isinstance(table, PatchedTable) and table._whole is None:
                 chain.append(table)
                 table = table._base
+            # copy(), not dict(): a table patched before has deleted slots, and dict() of such
+            # a dict inserts entry by entry (10x the C copy copy() still makes).
             out = whole(table).copy()
             for step in reversed(chain):
                 for key in step._gone:
