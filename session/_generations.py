@@ -31,14 +31,7 @@ from ._registry import (
 from ._view import SessionView, projection_refs, shared_projection
 
 if TYPE_CHECKING:
-    from mcpool.pool import Snapshot
-
     from ._session import Session
-
-
-def _snapshot_of(view: SessionView) -> Snapshot:
-    assert view.handle is not None
-    return view.handle.entry.snapshot
 
 
 _projection_refs = projection_refs()
@@ -215,8 +208,6 @@ class SessionGenerations(SessionForwarding):
                 number=prev.number + 1,
                 settings_generation=self.settings_generation,
                 previous=prev,
-                # (Each projection's snapshot: the entry's current one, read again.)
-                fresh=[(p, _snapshot_of(v)) for p, v in zip(fresh, views, strict=True)],
             )
         self._signature = signature
         if cand.rejected or self.registry_errors:

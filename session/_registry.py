@@ -482,12 +482,9 @@ def followed(
     """`build_candidate`'s candidate when a session made this move before (the move cache);
     None when none did: build it. The second of 200 sessions on one aggregate gets its
     generation here, without `build_candidate`'s general path (issue 17)."""
-    move = previous.agg.moves.get(projections)
-    if (
-        move is None
-        or previous.views != views
-        or (move.rejected and move.before != tuple(map(id, previous.good)))
-    ):
+    key = _move_key(previous, views, projections)
+    move = previous.agg.moves.get(key) if key is not None else None
+    if move is None or (move.rejected and move.before != tuple(map(id, previous.good))):
         return None
     # (Positional: a class called with keywords builds a dict of them, once per session.)
     return RegistryGeneration(
