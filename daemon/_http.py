@@ -36,7 +36,7 @@ import os
 import secrets
 import struct
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
@@ -181,6 +181,9 @@ class SessionOutbox:
                 self.route(line)
         if self.queued:
             self._drained = trio.Event() if self._drained.is_set() else self._drained
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.write(b"".join(parts))  # each line is routed whole (`route`)
 
     async def wait_drained(self) -> None:
         while self.queued:

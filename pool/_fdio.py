@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -77,6 +77,29 @@ class FdWriter:
             if n == len(data):
                 return
             data = data[n:]
+        self._queue(data)
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        """`write(b"".join(parts))` without the join: one `writev`, and a copy of only what
+        the kernel would not take. For an answer made of a few bytes around a large cached
+        body (a list page: 55 KB, served 11 times per full listing), whose join would copy
+        the body twice per answer."""
+        if self.closed:
+            raise WriterClosed(self.error or "closed")
+        if self._chunks:
+            self._queue(b"".join(parts))
+            return
+        try:
+            n = os.writev(self._fd, parts)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            self._write_failed(exc)
+            raise WriterClosed(self.error) from exc
+        if n < sum(map(len, parts)):
+            self._queue(b"".join(parts)[n:])
+
+    def _queue(self, data: bytes) -> None:
         if self.buffered + len(data) > self._max_buffer:
             self._fail(f"outgoing buffer full ({self._max_buffer} bytes): the peer stopped reading")
             raise WriterClosed(self.error)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -197,6 +197,15 @@ class SessionCore:
             return
         try:
             self.out.write(data)
+        except Exception as exc:
+            self.close(str(exc))
+
+    def send_parts(self, parts: Sequence[bytes]) -> None:
+        """`send(b"".join(parts))`, the parts written as they are (`Writer.write_parts`)."""
+        if self.closed:
+            return
+        try:
+            self.out.write_parts(parts)
         except Exception as exc:
             self.close(str(exc))
 

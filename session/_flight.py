@@ -7,7 +7,7 @@ round a handshake-era client answers (`_InputRound`), and a modern client's list
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +56,9 @@ class Writer(Protocol):
     def buffered(self) -> int: ...
 
     def write(self, data: bytes) -> None: ...
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        """`write(b"".join(parts))`; a writer to an fd writes them without joining them."""
 
     async def wait_drained(self) -> None: ...
 

@@ -98,6 +98,23 @@ class PlainCallLine(Struct, forbid_unknown_fields=True, gc=False):
     params: PlainToolsCall
 
 
+class PlainListParams(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
+    """tools/list params with a cursor or none (`ListPage` without `_meta`): what
+    `PlainListLine` accepts."""
+
+    cursor: str | None = None
+
+
+class PlainListLine(Struct, forbid_unknown_fields=True, gc=False):
+    """A whole tools/list request line whose params are `PlainListParams` (or absent), typed
+    in one decode (`SessionRequests._tools_page_direct`), on the terms of `PlainCallLine`."""
+
+    jsonrpc: str
+    id: int | str
+    method: str
+    params: PlainListParams = PlainListParams()
+
+
 class PromptsGet(Struct, gc=False):
     name: str
     arguments: dict[str, Any] | None = None
@@ -195,6 +212,7 @@ T = TypeVar("T")
 
 plain_tools_call_decoder = msgspec.json.Decoder(PlainToolsCall)
 plain_call_line_decoder = msgspec.json.Decoder(PlainCallLine)
+plain_list_line_decoder = msgspec.json.Decoder(PlainListLine)
 _cancelled_decoder = msgspec.json.Decoder(Cancelled)
 _progress_decoder = msgspec.json.Decoder(Progress)
 _log_decoder = msgspec.json.Decoder(LogMessage)

@@ -100,9 +100,9 @@ class Aggregate:
         # order) <=> canonically equal (S4). (A table may read through an older one's:
         # session/_tables.py.)
         self.canonical: dict[str, Mapping[str, bytes]] = {}
-        # Encoded pages (per kind, era, page size and offset), filled lazily by sessions
-        # (a cache, not state).
-        self.encoded: dict[str, bytes] = {}
+        # Encoded pages, keyed by (kind, modern era, page size, offset), filled lazily by
+        # sessions (a cache, not state).
+        self.encoded: dict[tuple[str, bool, int, int], bytes] = {}
         # How sessions moved from here to their next candidates (build_candidate; a cache).
         self.moves: dict[Any, Any] = {}
 
@@ -160,7 +160,7 @@ class RegistryGeneration:
         return self.agg.canonical
 
     @property
-    def encoded(self) -> dict[str, bytes]:
+    def encoded(self) -> dict[tuple[str, bool, int, int], bytes]:
         return self.agg.encoded
 
     # Lookups on the hot path.

@@ -25,7 +25,6 @@ from mcpool.protocol import (
     McpoolError,
     Message,
     MethodNotFound,
-    Response,
     decode,
     decode_params,
     error_response,
@@ -71,11 +70,34 @@ _REMOVED_AT_MODERN = frozenset(
 )
 
 
+_TOOLS_LIST = b'"tools/list"'  # in a line that may be one (`_tools_page_direct` decides)
+
+# A result response around a page's bytes, member for member as `Response` is encoded.
+_PAGE_HEAD = b'{"jsonrpc":"2.0","id":'
+_PAGE_KEY = b',"result":'
+_PAGE_TAIL = b"}\n"
+
+
+# The cursors mcpool issued, and their offsets: read back without decoding (every page of a
+# full listing after each change, in every session; issue 17). Bounded: one per page boundary
+# of a list as long as one the daemon served.
+_issued: dict[str, int] = {}
+
+
 def _cursor(offset: int) -> str:
+    cursor = _issued_cursor(offset)
+    _issued[cursor] = offset
+    return cursor
+
+
+def _issued_cursor(offset: int) -> str:
     return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
 
 
 def _offset(cursor: Any) -> int:
+    issued = _issued.get(cursor) if cursor.__class__ is str else None
+    if issued is not None:
+        return issued
     try:
         tag, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
         if tag != "o":
@@ -105,7 +127,10 @@ class SessionRequests(SessionGenerations):
             try:
                 plain = _params.plain_call_line_decoder.decode(line)
             except (msgspec.DecodeError, RecursionError):  # ValidationError included
-                pass
+                # Not a plain call. The other request of the many: a page of tools/list,
+                # served from the cache (every session re-reads every page after a change).
+                if _TOOLS_LIST in line and self._tools_page_direct(line):
+                    return
             else:
                 client_id = plain.id
                 if (
@@ -143,6 +168,33 @@ class SessionRequests(SessionGenerations):
             self._handle(decoded)
         else:
             self.handle_message(decoded)
+
+    def _tools_page_direct(self, line: bytes) -> bool:
+        """A handshake-era session's tools/list line answered from the page cache, as `_list`
+        would answer it, in one decode and three frames; False, having changed nothing, for
+        anything else (another shape, an id in use, a cursor not issued, a page not cached
+        yet), which the general path then serves."""
+        try:
+            plain = _params.plain_list_line_decoder.decode(line)
+        except (msgspec.DecodeError, RecursionError):  # ValidationError included
+            return False
+        client_id = plain.id
+        if (
+            plain.method != "tools/list"
+            or plain.jsonrpc != "2.0"
+            or client_id in self.inflight
+            or client_id in self.listens
+        ):
+            return False
+        cursor = plain.params.cursor
+        offset = _issued.get(cursor) if cursor is not None else 0
+        if offset is None:
+            return False
+        page = self.registry.agg.encoded.get(("tools", False, self.page_size, offset))
+        if page is None:
+            return False
+        self._answer_page(client_id, page)
+        return True
 
     def handle_message(self, msg: Message) -> None:
         if msg.jsonrpc != "2.0":
@@ -390,14 +442,11 @@ class SessionRequests(SessionGenerations):
         # list, and 0): a client's made-up cursors cannot grow the cache.
         size = self.page_size
         cacheable = offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
-        key = f"{kind}@{MODERN if modern else 'handshake'}/{self.page_size}"
-        if offset:
-            key = f"{key}+{offset}"
+        key = (kind, modern, size, offset)
         if cacheable:
             cached = gen.encoded.get(key)
             if cached is not None:
-                rid = request_id(msg)
-                self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(cached))) + b"\n")
+                self._answer_page(request_id(msg), cached)
                 return
         page = items[offset : offset + self.page_size]
         result: dict[str, Any] = {field: page}
@@ -409,8 +458,17 @@ class SessionRequests(SessionGenerations):
         encoded = _encoder.encode(result)
         if cacheable:
             gen.encoded[key] = encoded
-        rid = request_id(msg)
-        self.reply(rid, _encoder.encode(Response("2.0", rid, Raw(encoded))) + b"\n")
+        self._answer_page(request_id(msg), encoded)
+
+    def _answer_page(self, rid: Any, page: bytes) -> None:
+        """The answer `{"jsonrpc":"2.0","id":rid,"result":page}`, as `Response` encodes it,
+        written around the page's bytes: no copy of them (55 KB a page, and every session
+        re-reads every page after a change; issue 17)."""
+        parts = (_PAGE_HEAD + _encoder.encode(rid) + _PAGE_KEY, page, _PAGE_TAIL)
+        if self._batch is None:
+            self.send_parts(parts)
+        else:
+            self.reply(rid, b"".join(parts))
 
     def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
         self._list(msg, t, "tools", "tools")

@@ -11,7 +11,7 @@ import collections
 import itertools
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -265,6 +265,9 @@ class FakeWriter:
         for line in data.splitlines():
             if line.strip():
                 self.frames.append(json.loads(line))
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.write(b"".join(parts))
 
     async def wait_drained(self) -> None:
         self.drain_waits += 1

@@ -43,6 +43,36 @@ async def test_what_the_pipe_refuses_is_queued_and_drained_in_order(pipe: tuple[
     assert bytes(received) == first + second
 
 
+async def test_parts_go_out_as_their_join_would_in_order_whatever_the_pipe_takes(
+    pipe: tuple[int, int],
+) -> None:
+    """`write_parts` writes what `write(b"".join(parts))` would: at once when it fits, the
+    rest queued from the very byte the kernel stopped at (inside any part), after whatever was
+    queued before, and before whatever is written after."""
+    r, w = pipe
+    size = pipe_capacity(w)
+    async with trio.open_nursery() as nursery:
+        writer = FdWriter(w, 8 * size, spawn=nursery.start_soon)
+        writer.write_parts((b"{", b"fits", b"}\n"))
+        assert os.read(r, 100) == b"{fits}\n" and writer.buffered == 0
+        # The kernel stops inside the middle part: its rest and the tail are queued.
+        head, body, tail = b"<" * 10, b"m" * (size + 50), b">" * 20
+        writer.write_parts((head, body, tail))
+        assert writer.buffered == 10 + 50 + 20
+        writer.write_parts((b"after", b"wards"))  # behind the queue, not around it
+        writer.write(b"last")
+        received = bytearray()
+        expected = head + body + tail + b"afterwards" + b"last"
+        with trio.fail_after(WAIT):
+            while len(received) < len(expected):
+                received += await read_some(r)
+            await writer.wait_drained()
+    assert bytes(received) == expected
+    writer.close()
+    with pytest.raises(WriterClosed):
+        writer.write_parts((b"x",))
+
+
 async def test_a_peer_that_stops_reading_fails_the_writer_at_its_limit(
     pipe: tuple[int, int],
 ) -> None:

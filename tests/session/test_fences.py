@@ -6,6 +6,7 @@ The bug is injected (no input reaches one any more: see test_fuzz.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -149,6 +150,9 @@ class _Lines:
 
     def write(self, data: bytes) -> None:
         self.lines.append(data)
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.write(b"".join(parts))
 
     async def wait_drained(self) -> None:
         pass

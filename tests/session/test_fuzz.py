@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import hostile
@@ -204,6 +205,9 @@ class _RawWriter:
 
     def write(self, data: bytes) -> None:
         self.data += data
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.write(b"".join(parts))
 
     async def wait_drained(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -20,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
-from mcpool.protocol import canonical_bytes
+from mcpool.protocol import canonical_bytes, decode
 from mcpool.session import Session, _canoncache, _registry
 from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
@@ -128,6 +129,73 @@ async def test_every_page_served_from_the_cache_equals_the_uncached_pages(
     for session, out in ((first, first_out), (second, second_out)):
         pages = walk(session, out, "tools/list", "tools")
         assert [p["tools"] for p in pages] == expected_pages(new_items, "tools", 7)
+
+
+class BytesWriter:
+    """A session's writer keeping the bytes exactly as written."""
+
+    buffered = 0
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.data += b"".join(parts)
+
+    async def wait_drained(self) -> None:
+        pass
+
+
+def list_line(rid: Any, params: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": rid, "method": "tools/list", "params": params}
+    ).encode()
+
+
+async def test_a_cached_tools_page_is_answered_directly_byte_for_byte_as_the_general_path(
+    nursery: trio.Nursery,
+) -> None:
+    """`_tools_page_direct` serves a cached page of tools/list, and only one: its answer's
+    bytes are the general path's (`_handle`), one compact line; anything it does not serve
+    (not cached yet, a cursor mcpool did not issue, `_meta`, an id in use) it leaves alone."""
+    net = FakeNet(srv=FakeServer([tool(f"t{i:02}") for i in range(23)]))
+    pool = make_pool(nursery, net)
+    session, out = await attach(nursery, pool, {"srv": stdio()}, "a", page_size=7)
+    line = list_line(1, {})
+    session.out = BytesWriter()
+    assert not session._tools_page_direct(line)  # nothing cached yet
+    assert session.out.data == b""
+    session.out = out
+    pages = walk(session, out, "tools/list", "tools")  # fills the cache, through handle_line
+    cursors = [None, *(page["nextCursor"] for page in pages[:-1])]
+    for rid, cursor, page in zip(["x", 2, 3, 4], cursors, pages, strict=True):
+        line = list_line(rid, {} if cursor is None else {"cursor": cursor})
+        direct, general = BytesWriter(), BytesWriter()
+        session.out = direct
+        assert session._tools_page_direct(line)
+        session.out = general
+        session.handle_message(decode(line))
+        assert bytes(direct.data) == bytes(general.data)
+        assert direct.data.count(b"\n") == 1 and direct.data.endswith(b"}\n")
+        assert json.loads(direct.data) == {"jsonrpc": "2.0", "id": rid, "result": page}
+
+    mid = base64.urlsafe_b64encode(b"o:3").decode()
+    refused = [
+        list_line(5, {"cursor": mid}),  # served (uncached) by the general path
+        list_line(5, {"cursor": cursors[1], "_meta": {"progressToken": 1}}),
+        list_line(5, {"cursor": 7}),  # not a string: the general path says why
+        list_line(5, {"cursor": cursors[1], "other": True}),
+    ]
+    session.out = BytesWriter()
+    for line in refused:
+        assert not session._tools_page_direct(line)
+    session.inflight[6] = object()  # type: ignore[assignment]  # an id in flight
+    assert not session._tools_page_direct(list_line(6, {}))
+    del session.inflight[6]
+    assert session.out.data == b""
 
 
 async def test_other_page_sizes_and_kinds_have_their_own_pages(nursery: trio.Nursery) -> None:
