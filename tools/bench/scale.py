@@ -436,12 +436,18 @@ def list_changed_side_by_side(baseline: str, repeat: int, callgrind: bool) -> di
     from cpu import export_revision
 
     envs = {baseline: {"PYTHONPATH": export_revision(baseline)}, "this tree": {}}
-    out: dict[str, Any] = {"baseline": baseline, "runs": {name: [] for name in envs}}
+    out: dict[str, Any] = {
+        "baseline": baseline,
+        "runs": {name: [] for name in envs},
+        "reread_runs": {name: [] for name in envs},
+    }
     for _ in range(repeat):
         for name, env in envs.items():
             r = list_changed(5100, 200, 7, extra_env=env)
             out["runs"][name].append(r["change_loop_ms"])
-            print(f"  {name}: {r['change_loop_ms']} ms (rounds {r['change_loop_ms_each']})")
+            out["reread_runs"][name].append(r["reread_cpu_ms_per_session"])
+            print(f"  {name}: {r['change_loop_ms']} ms (rounds {r['change_loop_ms_each']}); "
+                  f"re-read {r['reread_cpu_ms_per_session']} ms CPU per session")  # fmt: skip
     if callgrind:
         out["instructions"] = {
             name: list_changed_instructions(5100, 200, 8, extra_env=env)
@@ -705,6 +711,10 @@ def main() -> None:
         print(table(["list_changed loop time, ms (medians of 7 rounds)", *sbs["runs"]], [
             [f"run {i + 1}", *(runs[i] for runs in sbs["runs"].values())]
             for i in range(len(next(iter(sbs["runs"].values()))))
+        ]))  # fmt: skip
+        print(table(["full re-read, daemon CPU ms per session", *sbs["reread_runs"]], [
+            [f"run {i + 1}", *(runs[i] for runs in sbs["reread_runs"].values())]
+            for i in range(len(next(iter(sbs["reread_runs"].values()))))
         ]))  # fmt: skip
         for name, count in sbs.get("instructions", {}).items():
             print(f"  {name}: {count:,} instructions per change (callgrind)")
