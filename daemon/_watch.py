@@ -21,6 +21,10 @@ What is watched is a `WatchPlan`, planned from the files and the disk as they ar
   folder's own deletion only once no process has it open or as its cwd, and the servers the
   daemon starts run in their settings file's folder, so the folder's own watch may never say it
   is gone (the file's deletion came first, while the folder was still there), its parent does.
+Events only report what happens while a watch is in place. So once a new watch is (the moment
+it opens on inotify, STARTUP_RECHECK later on watchfiles) the watcher plans again from the disk
+and reports what changed while it was being set up: a folder created or deleted in that gap
+plans again, and every file whose signature differs from the one loaded is reported.
 Nothing polls: an idle daemon only wakes for events in the folders it watches (on Linux the
 inotify fd is read by trio when the kernel has events, daemon/_inotify.py; elsewhere watchfiles,
 whose loop wakes every STEP_MS).
@@ -53,8 +57,8 @@ QUIET = 0.02
 MAX_DELAY = 0.1
 
 # watchfiles registers its OS watches in a worker thread with no signal when done: a write in
-# that window is never reported. This long after each (re)start, files whose on-disk signature
-# differs from what the daemon loaded are treated as changed.
+# that window is never reported. This long after each (re)start the watcher catches up with the
+# disk (`_caught_up`); inotify's watch is in place when it opens, and is caught up with at once.
 STARTUP_RECHECK = 0.5
 
 # A batch with a file that is empty or missing is held this long, then re-read with whatever
@@ -273,10 +277,21 @@ class SettingsWatcher:
 
     async def _recheck(self, delay: float) -> None:
         await trio.sleep(delay)
-        assert self._stale is not None
-        stale = self._stale() & self._files
-        if stale:
-            self.batcher.add(stale)
+        self._caught_up()
+
+    def _caught_up(self) -> None:
+        """The watch is in place: report what changed on disk while it was being set up, which
+        no watch could see. A folder created or deleted since planning plans again (and
+        restarts the watch) and reports the files routed through it; so does every file whose
+        signature differs from the one loaded."""
+        before = self.plan
+        self._replan()
+        moved = (before.folders ^ self.plan.folders) | (before.parents ^ self.plan.parents)
+        missed = before.concerned(moved) | self.plan.concerned(moved)
+        if self._stale is not None:
+            missed |= self._stale() & self._files
+        if missed:
+            self.batcher.add(missed)
 
     def _seen(self, paths: set[str]) -> None:
         """One awatch batch: report the files it concerns; plan again when it touched a hop
@@ -303,7 +318,7 @@ class SettingsWatcher:
                 continue
             self._stop = anyio.Event()
             self.starts += 1
-            if self._nursery is not None and self._stale is not None:
+            if self._nursery is not None:
                 self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             try:
                 async for paths in self._changes(plan, self._stop):
@@ -350,6 +365,8 @@ class SettingsWatcher:
                 yield {path for _, path in changes}
             return
         try:
+            # In place now (inotify_add_watch is synchronous): what changed since planning?
+            self._caught_up()
             while not stop.is_set():
                 paths: set[str] | None = None
                 async with trio.open_nursery() as nursery:

@@ -6,8 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 
@@ -15,11 +17,14 @@ from mcpool.daemon._watch import (
     SETTLE_DELAY,
     ChangeBatcher,
     SettingsWatcher,
+    WatchPlan,
     plan_watch,
 )
 
 # A child process that only reads its stdin ends as soon as that is closed: this bounds it.
 HOLDER_EXIT_TIMEOUT = 10.0
+# A change reaches the watcher at once (inotify) or within a few of watchfiles' steps: a bound.
+REPORT_TIMEOUT = 10.0
 
 
 async def test_batch_waits_for_quiet_after_the_last_change(autojump_clock):
@@ -319,3 +324,39 @@ async def test_a_folder_deleted_while_a_process_is_in_it_is_still_followed(tmp_p
         await holder.stdin.aclose()
         with trio.fail_after(HOLDER_EXIT_TIMEOUT):
             await holder.wait()
+
+
+class _FolderCreatedWhileWatching(SettingsWatcher):
+    """Creates `folder` with `target` in it right after the watch for the folder's creation was
+    planned, before that watch is in place: the gap no event can report."""
+
+    def __init__(self, on_change: _Seen, folder: Path, target: Path) -> None:
+        super().__init__(on_change)
+        self.folder = folder
+        self.target = target
+
+    def _changes(self, plan: WatchPlan, stop: anyio.Event) -> AsyncIterator[set[str]]:
+        if plan.folders == {str(self.folder.parent)} and not self.folder.exists():
+            self.folder.mkdir()
+            self.target.write_text("{}")
+        return super()._changes(plan, stop)
+
+
+async def test_a_folder_created_while_its_watch_is_set_up_is_not_missed(tmp_path: Path):
+    folder = tmp_path / "project"
+    target = folder / ".mcp.json"
+    seen = _Seen()
+    watcher = _FolderCreatedWhileWatching(seen, folder, target)  # no stale check, as above
+    watcher.watch({str(target)})
+    assert watcher.folders == {str(tmp_path)}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        # Reported once, by the check made when the watch is in place (no write repeats it).
+        with trio.fail_after(REPORT_TIMEOUT):
+            while str(target) not in seen.paths:
+                seen.news = trio.Event()
+                await seen.news.wait()
+        # And the watch moved into the new folder: a later write is seen.
+        await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+        assert watcher.folders == {str(folder)}
+        watcher.close()
