@@ -10,6 +10,9 @@ Paths are reported as watchfiles reports them: `folder/name` for an entry of a w
 the folder itself when the folder is deleted or moved (its watch dies with it). An overflowed
 event queue reports every folder (each then counts as changed). `Inotify.open` raises OSError
 when inotify is unavailable (not Linux, or the watch limit reached); the caller falls back.
+Folders opened `entries_only` report only entries appearing and going (the watcher watches a
+watched folder's parent that way, to see the folder itself deleted or moved), and one that may
+not be read is left out rather than failing the watch.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ WATCH_MASK = (
     | IN_MOVE_SELF
     | IN_ONLYDIR
 )
+# A parent watched for its entries coming and going: no wake-up for writes to its other files.
+ENTRY_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ONLYDIR
 _SELF_GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 # One read takes whatever the kernel has queued up to this many bytes (events are 16 bytes plus
@@ -99,7 +104,7 @@ class Inotify:
         self.folders = folders
 
     @classmethod
-    def open(cls, folders: Iterable[str]) -> Inotify:
+    def open(cls, folders: Iterable[str], entries_only: Iterable[str] = ()) -> Inotify:
         lib = _lib()
         fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
@@ -107,10 +112,15 @@ class Inotify:
             raise OSError(code, f"inotify_init1: {os.strerror(code)}")
         watched: dict[int, str] = {}
         try:
-            for folder in folders:
-                wd = lib.inotify_add_watch(fd, os.fsencode(folder), WATCH_MASK)
+            # The full watches last: a folder in both sets (one inode, one watch) keeps WATCH_MASK.
+            plan = [(folder, ENTRY_MASK) for folder in entries_only]
+            plan += [(folder, WATCH_MASK) for folder in folders]
+            for folder, mask in plan:
+                wd = lib.inotify_add_watch(fd, os.fsencode(folder), mask)
                 if wd < 0:
                     code = ctypes.get_errno()
+                    if mask == ENTRY_MASK and code in (errno.EACCES, errno.EPERM):
+                        continue  # a parent we may not read: its folder is still watched
                     raise OSError(code, f"inotify_add_watch: {os.strerror(code)}", folder)
                 watched[wd] = folder
         except BaseException:

@@ -16,7 +16,15 @@ What is watched is a `WatchPlan`, planned from the files and the disk as they ar
 - a folder that does not exist (deleted, or not created yet) is watched through its nearest
   existing ancestor, for the creation of the next folder down;
 - a watched folder that is deleted or moved away (its inotify watch dies with it, even if a
-  new folder of the same name appears at once) restarts the watch over a new plan.
+  new folder of the same name appears at once) restarts the watch over a new plan;
+- so each watched folder's parent is watched too, for its entries only: the kernel reports a
+  folder's own deletion only once no process has it open or as its cwd, and the servers the
+  daemon starts run in their settings file's folder, so the folder's own watch may never say it
+  is gone (the file's deletion came first, while the folder was still there), its parent does.
+Events only report what happens while a watch is in place. So once a new watch is (the moment
+it opens on inotify, STARTUP_RECHECK later on watchfiles) the watcher plans again from the disk
+and reports what changed while it was being set up: a folder created or deleted in that gap
+plans again, and every file whose signature differs from the one loaded is reported.
 Nothing polls: an idle daemon only wakes for events in the folders it watches (on Linux the
 inotify fd is read by trio when the kernel has events, daemon/_inotify.py; elsewhere watchfiles,
 whose loop wakes every STEP_MS).
@@ -49,8 +57,8 @@ QUIET = 0.02
 MAX_DELAY = 0.1
 
 # watchfiles registers its OS watches in a worker thread with no signal when done: a write in
-# that window is never reported. This long after each (re)start, files whose on-disk signature
-# differs from what the daemon loaded are treated as changed.
+# that window is never reported. This long after each (re)start the watcher catches up with the
+# disk (`_caught_up`); inotify's watch is in place when it opens, and is caught up with at once.
 STARTUP_RECHECK = 0.5
 
 # A batch with a file that is empty or missing is held this long, then re-read with whatever
@@ -110,6 +118,8 @@ class WatchPlan:
     """The folders to watch, and which watched files an event at a path concerns."""
 
     folders: frozenset[str] = frozenset()
+    # Watched for their entries coming and going only: each folder's parent (see the top).
+    parents: frozenset[str] = frozenset()
     routes: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def concerned(self, paths: Iterable[str]) -> set[str]:
@@ -123,6 +133,7 @@ def plan_watch(files: Iterable[str]) -> WatchPlan:
     """Plan from the disk as it is now (a few stat/readlink calls per file); never raises."""
     routes: dict[str, set[str]] = {}
     folders: set[str] = set()
+    parents: set[str] = set()
     for file in files:
         try:
             hops = symlink_hops(file)
@@ -130,12 +141,21 @@ def plan_watch(files: Iterable[str]) -> WatchPlan:
                 routes.setdefault(hop, set()).add(file)
                 folder, child = existing_folder(os.path.dirname(hop))
                 folders.add(folder)
-                # The folder itself: its deletion (or, for an ancestor, the creation of the
-                # next folder down) concerns the file.
-                routes.setdefault(child if child is not None else folder, set()).add(file)
+                # The folder itself: its deletion or move concerns the file (reported by its
+                # own watch or its parent's), and for an ancestor so does the creation of the
+                # next folder down.
+                routes.setdefault(folder, set()).add(file)
+                if child is not None:
+                    routes.setdefault(child, set()).add(file)
+                if (parent := os.path.dirname(folder)) != folder:
+                    parents.add(parent)
         except ValueError:  # a NUL byte in a path a session sent: nothing to watch for it
             continue
-    return WatchPlan(frozenset(folders), {k: frozenset(v) for k, v in routes.items()})
+    return WatchPlan(
+        frozenset(folders),
+        frozenset(parents - folders),  # a folder's full watch sees its entries already
+        {k: frozenset(v) for k, v in routes.items()},
+    )
 
 
 def unsettled(path: str) -> bool:
@@ -257,10 +277,21 @@ class SettingsWatcher:
 
     async def _recheck(self, delay: float) -> None:
         await trio.sleep(delay)
-        assert self._stale is not None
-        stale = self._stale() & self._files
-        if stale:
-            self.batcher.add(stale)
+        self._caught_up()
+
+    def _caught_up(self) -> None:
+        """The watch is in place: report what changed on disk while it was being set up, which
+        no watch could see. A folder created or deleted since planning plans again (and
+        restarts the watch) and reports the files routed through it; so does every file whose
+        signature differs from the one loaded."""
+        before = self.plan
+        self._replan()
+        moved = (before.folders ^ self.plan.folders) | (before.parents ^ self.plan.parents)
+        missed = before.concerned(moved) | self.plan.concerned(moved)
+        if self._stale is not None:
+            missed |= self._stale() & self._files
+        if missed:
+            self.batcher.add(missed)
 
     def _seen(self, paths: set[str]) -> None:
         """One awatch batch: report the files it concerns; plan again when it touched a hop
@@ -279,17 +310,18 @@ class SettingsWatcher:
         retry = WATCH_RETRY_INITIAL
         while not self.closed:
             self._replan()
-            folders = sorted(self.plan.folders)
+            plan = self.plan
+            folders = sorted(plan.folders)
             self._changed = trio.Event()
             if not folders:
                 await self._changed.wait()
                 continue
             self._stop = anyio.Event()
             self.starts += 1
-            if self._nursery is not None and self._stale is not None:
+            if self._nursery is not None:
                 self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             try:
-                async for paths in self._changes(folders, self._stop):
+                async for paths in self._changes(plan, self._stop):
                     self._seen(paths)
                     retry = WATCH_RETRY_INITIAL
             except OSError as exc:
@@ -304,11 +336,14 @@ class SettingsWatcher:
                     self.batcher.add(missed)
             self._stop = None
 
-    async def _changes(self, folders: list[str], stop: anyio.Event) -> AsyncIterator[set[str]]:
-        """Batches of changed paths in `folders` until `stop`: inotify where there is one (no
-        wake-up while idle), else watchfiles (which wakes every STEP_MS)."""
+    async def _changes(self, plan: WatchPlan, stop: anyio.Event) -> AsyncIterator[set[str]]:
+        """Batches of changed paths in the plan's folders and parents until `stop`: inotify
+        where there is one (no wake-up while idle), else watchfiles (which wakes every
+        STEP_MS)."""
+        folders = sorted(plan.folders)
+        parents = sorted(plan.parents)
         try:
-            ino = Inotify.open(folders) if self.use_inotify else None
+            ino = Inotify.open(folders, entries_only=parents) if self.use_inotify else None
         except OSError as exc:
             if exc.errno not in (errno.ENOSYS, errno.EMFILE, errno.ENFILE, errno.ENOSPC):
                 raise  # a folder gone since planning: plan again (the caller retries)
@@ -316,8 +351,12 @@ class SettingsWatcher:
         if ino is None:
             from watchfiles import awatch
 
+            # No entries-only watch here: a parent's other files are reported, and not routed.
+            # One we may not read is left out, as Inotify.open does.
+            readable = [p for p in parents if os.access(p, os.R_OK | os.X_OK)]
             async for changes in awatch(
                 *folders,
+                *readable,
                 debounce=DEBOUNCE_MS,
                 step=STEP_MS,
                 stop_event=stop,
@@ -326,6 +365,8 @@ class SettingsWatcher:
                 yield {path for _, path in changes}
             return
         try:
+            # In place now (inotify_add_watch is synchronous): what changed since planning?
+            self._caught_up()
             while not stop.is_set():
                 paths: set[str] | None = None
                 async with trio.open_nursery() as nursery:

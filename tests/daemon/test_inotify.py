@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,6 +72,34 @@ async def test_real_inotify_reports_a_write_and_the_folders_deletion(tmp_path: P
                 seen |= await ino.read()
     finally:
         ino.close()
+
+
+@linux_only
+async def test_an_entries_only_parent_reports_its_folder_going_while_a_process_is_in_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    other = tmp_path / "other.txt"
+    other.touch()
+    ino = Inotify.open([str(folder)], entries_only=[str(tmp_path)])
+    holder = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=folder, stdin=subprocess.PIPE
+    )
+    try:
+        other.write_text("x")  # no entry came or went: the parent's watch does not report it
+        folder.rmdir()  # the holder's cwd: the folder's own watch stays silent
+        seen: set[str] = set()
+        with trio.fail_after(EVENT_TIMEOUT):
+            while str(folder) not in seen:
+                seen |= await ino.read()
+        assert seen == {str(folder)}
+    finally:
+        ino.close()
+        assert holder.stdin is not None
+        await holder.stdin.aclose()
+        with trio.fail_after(EVENT_TIMEOUT):
+            await holder.wait()
 
 
 @linux_only

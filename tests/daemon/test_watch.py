@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 
-from mcpool.daemon._watch import SETTLE_DELAY, ChangeBatcher, SettingsWatcher, plan_watch
+from mcpool.daemon._watch import (
+    SETTLE_DELAY,
+    ChangeBatcher,
+    SettingsWatcher,
+    WatchPlan,
+    plan_watch,
+)
+
+# A child process that only reads its stdin ends as soon as that is closed: this bounds it.
+HOLDER_EXIT_TIMEOUT = 10.0
+# A change reaches the watcher at once (inotify) or within a few of watchfiles' steps: a bound.
+REPORT_TIMEOUT = 10.0
 
 
 async def test_batch_waits_for_quiet_after_the_last_change(autojump_clock):
@@ -133,6 +148,19 @@ def test_plan_watches_the_nearest_existing_ancestor_of_a_missing_folder(tmp_path
     assert plan.folders == {str(tmp_path)}
     # Creating the first missing folder is what concerns the file.
     assert plan.concerned({str(tmp_path / "a")}) == {str(missing)}
+
+
+def test_plan_watches_each_folders_parent_for_the_folders_own_deletion(tmp_path: Path):
+    (tmp_path / "project").mkdir()
+    here = tmp_path / "project" / ".mcp.json"
+    missing = tmp_path / "a" / "b" / "s.json"
+    plan = plan_watch({str(here), str(missing)})
+    assert plan.folders == {str(tmp_path / "project"), str(tmp_path)}
+    # tmp_path is watched in full already (for "a" to appear): only its parent is added.
+    assert plan.parents == {str(tmp_path.parent)}
+    # The parent reports a folder going as the folder's path; so does the folder's own watch.
+    assert plan.concerned({str(tmp_path / "project")}) == {str(here)}
+    assert plan.concerned({str(tmp_path)}) == {str(missing)}
 
 
 def test_plan_never_raises_on_a_path_a_session_sent(tmp_path: Path):
@@ -260,4 +288,75 @@ async def test_a_symlinked_config_is_followed_when_edited_replaced_or_re_pointed
         assert str(tmp_path / "other") in watcher.folders
         await seen.until(link, lambda: edit(second))
         await seen.until(link, lambda: replace_in_its_folder(second))
+        watcher.close()
+
+
+async def test_a_folder_deleted_while_a_process_is_in_it_is_still_followed(tmp_path: Path):
+    # The kernel reports a folder's own deletion only when the last process using it lets go,
+    # and the servers mcpool starts run in their settings file's folder. So the file's deletion
+    # arrives while the folder is still there, the folder's never: only its parent's watch
+    # sees the folder go.
+    folder = tmp_path / "project"
+    folder.mkdir()
+    target = folder / ".mcp.json"
+    target.write_text("{}")
+    seen = _Seen()
+    watcher = SettingsWatcher(seen)  # no stale check: only an event can report the file
+    watcher.watch({str(target)})
+    holder = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=folder, stdin=subprocess.PIPE
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watcher.run)
+            await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+            # The file goes first, and the watcher has handled that while the folder is there.
+            await seen.until(target, lambda: target.unlink(missing_ok=True))
+            folder.rmdir()
+            folder.mkdir()
+            await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+            # And the watch is on the new folder: later writes into it are seen too.
+            assert watcher.folders == {str(folder)}
+            await seen.until(target, lambda: target.write_text('{"mcpServers": {"a": {}}}'))
+            watcher.close()
+    finally:
+        assert holder.stdin is not None
+        await holder.stdin.aclose()
+        with trio.fail_after(HOLDER_EXIT_TIMEOUT):
+            await holder.wait()
+
+
+class _FolderCreatedWhileWatching(SettingsWatcher):
+    """Creates `folder` with `target` in it right after the watch for the folder's creation was
+    planned, before that watch is in place: the gap no event can report."""
+
+    def __init__(self, on_change: _Seen, folder: Path, target: Path) -> None:
+        super().__init__(on_change)
+        self.folder = folder
+        self.target = target
+
+    def _changes(self, plan: WatchPlan, stop: anyio.Event) -> AsyncIterator[set[str]]:
+        if plan.folders == {str(self.folder.parent)} and not self.folder.exists():
+            self.folder.mkdir()
+            self.target.write_text("{}")
+        return super()._changes(plan, stop)
+
+
+async def test_a_folder_created_while_its_watch_is_set_up_is_not_missed(tmp_path: Path):
+    folder = tmp_path / "project"
+    target = folder / ".mcp.json"
+    seen = _Seen()
+    watcher = _FolderCreatedWhileWatching(seen, folder, target)  # no stale check, as above
+    watcher.watch({str(target)})
+    assert watcher.folders == {str(tmp_path)}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        # Reported once, by the check made when the watch is in place (no write repeats it).
+        with trio.fail_after(REPORT_TIMEOUT):
+            while str(target) not in seen.paths:
+                seen.news = trio.Event()
+                await seen.news.wait()
+        # And the watch moved into the new folder: a later write is seen.
+        await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
+        assert watcher.folders == {str(folder)}
         watcher.close()
