@@ -38,6 +38,17 @@ _projection_refs = projection_refs()
 
 # The list_changed lines, encoded once (every session of a changed aggregate sends one).
 _LIST_CHANGED = {kind: notification(f"notifications/{kind}/list_changed") for kind in LIST_KINDS}
+# Per tuple of changed kinds (a move's `changes`): the handshake era's list_changed lines for
+# them, in list order and written at once, and how many they are. At most 15 tuples.
+_LIST_CHANGED_LINES: dict[tuple[str, ...], tuple[bytes, int]] = {}
+
+
+def _list_changed_lines(kinds: Collection[str]) -> tuple[bytes, int]:
+    ordered = [kind for kind in LIST_KINDS if kind in kinds]
+    lines = (b"".join(_LIST_CHANGED[kind] for kind in ordered), len(ordered))
+    if kinds.__class__ is tuple:
+        _LIST_CHANGED_LINES[kinds] = lines
+    return lines
 
 
 class SessionGenerations(SessionForwarding):
@@ -314,10 +325,13 @@ class SessionGenerations(SessionForwarding):
     def _write_kinds(self, kinds: Collection[str]) -> None:
         """One list_changed per kind in `kinds`, in list order."""
         if self.era is not MODERN:
-            for kind in LIST_KINDS:
-                if kind in kinds:
-                    self.notifications_sent += 1
-                    self.send(_LIST_CHANGED[kind])
+            # (Once per session per change: 200 sessions, 200 times. A tuple's lines are found
+            # made; any other collection's are made.)
+            found = _LIST_CHANGED_LINES.get(kinds) if kinds.__class__ is tuple else None
+            lines, count = found if found is not None else _list_changed_lines(kinds)
+            if count:
+                self.notifications_sent += count
+                self.send(lines)
             return
         for kind in LIST_KINDS:
             if kind not in kinds:

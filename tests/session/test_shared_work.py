@@ -243,6 +243,30 @@ async def test_many_sessions_on_one_aggregate_each_hear_of_a_change_once(
     assert narrow_out.notifications() == ["notifications/tools/list_changed"]
 
 
+async def test_kinds_changed_at_once_are_told_in_list_order_in_one_write(
+    nursery: trio.Nursery,
+) -> None:
+    """A handshake-era session told of several kinds at once gets their list_changed lines in
+    one write (one system call), in list order, each counted."""
+    pool = make_pool(nursery, FakeNet(srv=FakeServer([tool("a")])))
+    sessions = [await attach(nursery, pool, {"srv": stdio()}, f"s{i}") for i in range(3)]
+    entry = entry_of(sessions[0][0], "srv")
+    writers = []
+    for session, _out in sessions:
+        session.out = writer = BytesWriter()
+        writes: list[bytes] = []
+        writer.write = writes.append  # type: ignore[method-assign]
+        writers.append((session, writes))
+    publish(entry, tools=(tool("a", "changed"),), prompts=({"name": "p"},))
+    await trio.testing.wait_all_tasks_blocked()
+    for session, writes in writers:
+        assert writes == [
+            b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
+            b'{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}\n'
+        ]
+        assert session.notifications_sent == 2
+
+
 def test_a_change_set_is_the_kinds_whose_canonical_form_differs() -> None:
     class Agg:
         def __init__(self, **canonical: Any) -> None:
