@@ -63,6 +63,9 @@ class Route(NamedTuple):
 _new_route = tuple.__new__
 
 
+_Routes = Mapping[str, tuple[int, str]]  # exposed name -> (view index, upstream name)
+
+
 class Aggregate:
     """The served lists, routes and canonical form of one sequence of projections.
 
@@ -94,8 +97,11 @@ class Aggregate:
         self.prompts: tuple[dict[str, Any], ...] = ()
         self.resources: tuple[dict[str, Any], ...] = ()
         self.resource_templates: tuple[dict[str, Any], ...] = ()
-        self.tool_routes: dict[str, tuple[int, str]] = {}  # exposed -> (view index, upstream)
-        self.prompt_routes: dict[str, tuple[int, str]] = {}
+        # exposed -> (view index, upstream). A table made from the last relist's reads through
+        # it (session/_tables.py) until the first call after the change makes it a dict
+        # (`whole_tool_routes`): not at the change, in the pass every session waits on.
+        self.tool_routes: Mapping[str, tuple[int, str]] = {}
+        self.prompt_routes: Mapping[str, tuple[int, str]] = {}
         self.resource_routes: dict[str, int] = {}
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
         # Per list kind: key (exposed name or URI) -> canonical bytes; equal tables (in any
@@ -107,6 +113,19 @@ class Aggregate:
         self.encoded: dict[tuple[str, bool, int, int], bytes] = {}
         # How sessions moved from here to their next candidates (build_candidate; a cache).
         self.moves: dict[Any, Any] = {}
+
+    def whole_tool_routes(self) -> dict[str, tuple[int, str]]:
+        """`tool_routes` as a dict, made one the first time it is asked for (one copy)."""
+        routes = self.tool_routes
+        if routes.__class__ is not dict:
+            routes = self.tool_routes = whole(routes)
+        return routes
+
+    def whole_prompt_routes(self) -> dict[str, tuple[int, str]]:
+        routes = self.prompt_routes
+        if routes.__class__ is not dict:
+            routes = self.prompt_routes = whole(routes)
+        return routes
 
 
 def _empty_aggregate() -> Aggregate:
@@ -166,12 +185,13 @@ class RegistryGeneration(msgspec.Struct, eq=False):
 
     # Lookups on the hot path.
     def tool_route(self, exposed: str) -> Route | None:
-        hit = self.agg.tool_routes.get(exposed)
+        routes = self.agg.tool_routes
+        hit = (routes if routes.__class__ is dict else self.agg.whole_tool_routes()).get(exposed)
         # tuple.__new__ is what Route(...) runs, without its Python-level __new__ (every call).
         return _new_route(Route, (self.views[hit[0]], hit[1])) if hit is not None else None
 
     def prompt_route(self, exposed: str) -> Route | None:
-        hit = self.agg.prompt_routes.get(exposed)
+        hit = self.agg.whole_prompt_routes().get(exposed)
         return Route(self.views[hit[0]], hit[1]) if hit is not None else None
 
     def resource_view(self, uri: str) -> SessionView | None:
@@ -186,11 +206,11 @@ class RegistryGeneration(msgspec.Struct, eq=False):
     # Whole tables, for daemonctl and tests (built on demand, not kept).
     @property
     def tool_routes(self) -> dict[str, Route]:
-        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.tool_routes.items()}
+        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.whole_tool_routes().items()}
 
     @property
     def prompt_routes(self) -> dict[str, Route]:
-        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.prompt_routes.items()}
+        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.whole_prompt_routes().items()}
 
     @property
     def resource_routes(self) -> dict[str, SessionView]:
@@ -714,13 +734,15 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     prompts: list[dict[str, Any]] = []
     resources: list[dict[str, Any]] = []
     templates: list[dict[str, Any]] = []
-    tool_routes: dict[str, tuple[int, str]] = {}
-    prompt_routes: dict[str, tuple[int, str]] = {}
+    tool_routes: Mapping[str, tuple[int, str]] = {}
+    prompt_routes: Mapping[str, tuple[int, str]] = {}
     resource_routes: dict[str, int] = {}
     template_routes: list[tuple[re.Pattern[str], str, int]] = []
     canon: dict[str, Mapping[str, bytes]] = {}
     resources_canon: dict[str, bytes] = {}
-    parts: dict[str, list[tuple[dict[str, tuple[int, str]], tuple[Any, ...], Mapping[str, bytes]]]]
+    parts: dict[
+        str, list[tuple[Mapping[str, tuple[int, str]], tuple[Any, ...], Mapping[str, bytes]]]
+    ]
     parts = {"tools": [], "prompts": []}
     for index, proj in enumerate(projections):
         if not proj.available:
@@ -746,21 +768,25 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
         tool_routes, agg.tools, canon["tools"] = parts["tools"][0]
     else:
         tools_canon: dict[str, bytes] = {}
+        merged_tools: dict[str, tuple[int, str]] = {}
         for routes, served, part_canon in parts["tools"]:
-            tool_routes.update(routes)
+            merged_tools.update(whole(routes))
             tools.extend(served)
             tools_canon.update(whole(part_canon))
         agg.tools = tuple(tools)
+        tool_routes = merged_tools
         canon["tools"] = tools_canon
     if len(parts["prompts"]) == 1:
         prompt_routes, agg.prompts, canon["prompts"] = parts["prompts"][0]
     else:
         prompts_canon: dict[str, bytes] = {}
+        merged_prompts: dict[str, tuple[int, str]] = {}
         for routes, served, part_canon in parts["prompts"]:
-            prompt_routes.update(routes)
+            merged_prompts.update(whole(routes))
             prompts.extend(served)
             prompts_canon.update(whole(part_canon))
         agg.prompts = tuple(prompts)
+        prompt_routes = merged_prompts
         canon["prompts"] = prompts_canon
     canon["resources"] = resources_canon
     agg.resources = tuple(resources)
@@ -776,7 +802,7 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
 # Per projection, per view index and kind: its routes (exposed -> (view index, upstream)) and
 # served items, what an aggregate of it merges in (a projection made from a previous one derives
 # both from that one's: one C copy, then its middle).
-_PartTables = tuple[dict[str, tuple[int, str]], tuple[dict[str, Any], ...]]
+_PartTables = tuple[_Routes, tuple[dict[str, Any], ...]]
 _part_tables_of: weakref.WeakKeyDictionary[Projection, dict[tuple[int, str], _PartTables]] = (
     weakref.WeakKeyDictionary()
 )
@@ -790,15 +816,14 @@ def _part_tables(proj: Projection, index: int, kind: str) -> _PartTables:
     if found is not None:
         return found
     items: tuple[_Item, ...] = proj.tools if kind == "tools" else proj.prompts
-    routes: dict[str, tuple[int, str]] | None = None
+    routes: Mapping[str, tuple[int, str]] | None = None
     served: tuple[dict[str, Any], ...] | None = None
     link = predecessor(proj) if kind == "tools" else None
     known = _part_tables_of.get(link[0], {}).get((index, kind)) if link is not None else None
     if link is not None and known is not None:
         before, head, tail = link
-        # (Routes are read on every call: a dict, the one copy made now.)
-        patched = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
-        routes = whole(patched) if patched is not None else None
+        # (Read through until a call asks for them: `Aggregate.whole_tool_routes`.)
+        routes = _patched(items, before.tools, head, tail, known[0], lambda t: (index, t[1]))
         old_served = known[1]
         middle = items[head : len(items) - tail]
         served = spliced(old_served, head, len(old_served) - tail, tuple(map(_third, middle)))

@@ -534,7 +534,9 @@ class SessionRequests(SessionGenerations):
         if meta.__class__ is dict and "progressToken" in meta:
             return False
         gen = self.registry
-        hit = gen.agg.tool_routes.get(call.name)  # `tool_route` and `_allows`, inlined
+        # `tool_route` and `_allows`, inlined.
+        routes = gen.agg.tool_routes
+        hit = (routes if routes.__class__ is dict else gen.agg.whole_tool_routes()).get(call.name)
         if hit is None:
             return False
         view = gen.views[hit[0]]

@@ -267,6 +267,34 @@ async def test_kinds_changed_at_once_are_told_in_list_order_in_one_write(
         assert session.notifications_sent == 2
 
 
+async def test_routes_after_a_relist_read_through_until_a_call_makes_them_whole(
+    nursery: trio.Nursery,
+) -> None:
+    """A relist that changes one tool of many does not copy the routes table at the change:
+    the aggregate's routes read through the last ones until the first lookup makes them a
+    dict, once; every route, the changed tool's and the others', is what a table built whole
+    says, before and after."""
+    pool = make_pool(nursery, FakeNet(srv=FakeServer([tool(f"t{i}") for i in range(40)])))
+    session, _out = await attach(nursery, pool, {"srv": stdio()}, "a")
+    entry = entry_of(session, "srv")
+    session.registry.tool_route("srv__t0")  # the first aggregate's routes, used
+    for round_ in range(3):
+        tools = [tool(f"t{i}") for i in range(40)]
+        tools[7] = tool(f"new{round_}")
+        publish(entry, tools=tuple(tools))
+        await trio.testing.wait_all_tasks_blocked()
+        agg = session.registry.agg
+        assert agg.tool_routes.__class__ is not dict  # not copied at the change
+        expected = {f"srv__{t['name']}": (0, t["name"]) for t in tools}
+        assert dict(agg.tool_routes.items()) == expected
+        for exposed, (_, upstream) in expected.items():
+            route = session.registry.tool_route(exposed)
+            assert route is not None and route.upstream_name == upstream
+        assert session.registry.tool_route("srv__t7") is None
+        assert agg.tool_routes.__class__ is dict and agg.tool_routes == expected
+        assert agg.whole_tool_routes() is agg.tool_routes  # made whole once
+
+
 def test_a_change_set_is_the_kinds_whose_canonical_form_differs() -> None:
     class Agg:
         def __init__(self, **canonical: Any) -> None:
