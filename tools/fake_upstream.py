@@ -21,6 +21,9 @@ dynamic set installed by set_tools. Environment switches:
                         tools/call answered inline (sleep and progress then block the reader),
                         and the answers to everything one read(2) brought in go out in one
                         write(2)
+  FAKE_SIGNAL_TOOLS=1   on SIGUSR1, replace the dynamic tool set with one new name and send
+                        tools/list_changed: a change no request makes (benchmarks time the
+                        list_changed alone)
 """
 
 from __future__ import annotations
@@ -460,6 +463,17 @@ def main() -> None:
         time.sleep(float(delay))
 
     server = FakeServer(env)
+    if env.get("FAKE_SIGNAL_TOOLS") == "1":
+        changes = iter(range(1 << 62))
+
+        def change_tools() -> None:
+            with server.state_lock:
+                server.dynamic_tools = (f"signalled_{next(changes)}",)
+            server.notify("notifications/tools/list_changed", {})
+
+        # In a thread of its own: the handler runs between two bytecodes of whatever the main
+        # thread does, which may hold the write lock.
+        signal.signal(signal.SIGUSR1, lambda _n, _f: threading.Thread(target=change_tools).start())
     if server.inline:
         serve_inline(server)
     else:

@@ -7,7 +7,10 @@ Measures, against a private daemon on fake upstreams (tools/fake_upstream.py, FA
 - one upstream list_changed with 5,100 tools and 200 sessions sharing one aggregate: the event
   loop's time (the daemon's main thread's CPU, from /proc schedstat in nanoseconds) until every
   session was told, against 5 ms; then daemon CPU (all its threads) per full re-read of the
-  list (every page), against 2 ms;
+  list (every page), against 2 ms. The upstream changes its tools when signalled, so the
+  list_changed is timed alone; the same again with the change made by a session's set_tools
+  call (as measured before the seventh session: that call, the first after the previous
+  change, is timed too);
 - `mcpool attach` to a warm daemon: initialize answered, median;
 - an idle daemon's wake-ups per second (context switches of all its threads).
 
@@ -325,10 +328,22 @@ REREAD_TARGET_MS = 2.0  # issue 17: daemon CPU per session re-reading the full l
 
 
 def list_changed(
-    tools: int, sessions: int, rounds: int, extra_env: dict[str, str] | None = None
+    tools: int,
+    sessions: int,
+    rounds: int,
+    extra_env: dict[str, str] | None = None,
+    *,
+    by_call: bool = False,
 ) -> dict[str, Any]:
+    """One upstream list_changed, `rounds` times: the upstream changes its tools when signalled
+    (no request makes the change: what is timed is the list_changed alone), or, `by_call`, when
+    a session calls its set_tools (the change and the call that makes it, each round's call
+    also the first after the change before)."""
     # One upstream with `tools` tools: the aggregate is as large as 51 servers of 100 tools.
-    d = Daemon({"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9)}, extra_env=extra_env)
+    d = Daemon(
+        {"big": fake(FAKE_INLINE=1, FAKE_TOOL_COUNT=tools - 9, FAKE_SIGNAL_TOOLS=1)},
+        extra_env=extra_env,
+    )
     pid = d.proc.pid
     conns = []
     try:
@@ -336,11 +351,16 @@ def list_changed(
             s, conn = attach(d, f"s{i}")
             conns.append((s, conn))
         wait_sessions(d, sessions)
+        conns[0][1].send_raw(call_line(89, "big__pid"))
+        upstream = int(conns[0][1].recv()["result"]["content"][0]["text"])
         settle_ns(pid)
         loop_ms, change_cpu, reread_cpu = [], [], []
         for r in range(rounds):
             loop_before, before = thread_cpu_ns(pid, main_only=True), thread_cpu_ns(pid)
-            conns[0][1].send_raw(call_line(90 + r, "big__set_tools", {"names": [f"dyn{r}"]}))
+            if by_call:
+                conns[0][1].send_raw(call_line(90 + r, "big__set_tools", {"names": [f"dyn{r}"]}))
+            else:
+                os.kill(upstream, signal.SIGUSR1)
             _read_until(conns, "notifications/tools/list_changed")
             settle_ns(pid)
             mid = thread_cpu_ns(pid)
@@ -372,6 +392,7 @@ def list_changed(
         "tools": tools + 1,
         "sessions": sessions,
         "rounds": rounds,
+        "trigger": "set_tools call" if by_call else "signal",
         "change_loop_ms": round(loop, 2),
         "change_loop_ms_each": [round(x, 2) for x in loop_ms],
         "change_cpu_ms": round(median(change_cpu), 2),
@@ -671,6 +692,7 @@ def main() -> None:
         )
     elif "list_changed" in only:
         results["list_changed"] = list_changed(5100, 200, 5 if full else 3)
+        results["list_changed_by_call"] = list_changed(5100, 200, 5 if full else 3, by_call=True)
         if args.callgrind:
             results["list_changed"]["instructions_per_change"] = list_changed_instructions(
                 5100, 200, 8
@@ -703,6 +725,11 @@ def main() -> None:
               f"{lc['reread_cpu_ms_per_session']} ms CPU per session (target < "
               f"{lc['reread_target_ms']} ms: "
               f"{'met' if lc['reread_target_met'] else 'NOT met'})")  # fmt: skip
+    if "list_changed_by_call" in results:
+        bc = results["list_changed_by_call"]
+        print(f"  the same change made by a session's set_tools call, the call timed too: "
+              f"{bc['change_loop_ms']} ms of loop time (each round {bc['change_loop_ms_each']}); "
+              f"re-read {bc['reread_cpu_ms_per_session']} ms CPU per session")  # fmt: skip
     if "list_changed" in results and "instructions_per_change" in results["list_changed"]:
         print(f"  instructions per change (callgrind, all threads): "
               f"{results['list_changed']['instructions_per_change']:,}")  # fmt: skip
