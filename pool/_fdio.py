@@ -72,8 +72,7 @@ class FdWriter:
             except BlockingIOError:
                 n = 0
             except OSError as exc:
-                self._write_failed(exc)
-                raise WriterClosed(self.error) from exc
+                raise self._write_failed(exc) from exc
             if n == len(data):
                 return
             data = data[n:]
@@ -86,16 +85,14 @@ class FdWriter:
         the body twice per answer."""
         if self.closed:
             raise WriterClosed(self.error or "closed")
-        if self._chunks:
-            self._queue(b"".join(parts))
-            return
-        try:
-            n = os.writev(self._fd, parts)
-        except BlockingIOError:
-            n = 0
-        except OSError as exc:
-            self._write_failed(exc)
-            raise WriterClosed(self.error) from exc
+        n = 0
+        if not self._chunks:
+            try:
+                n = os.writev(self._fd, parts)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise self._write_failed(exc) from exc
         if n < sum(map(len, parts)):
             self._queue(b"".join(parts)[n:])
 
@@ -111,9 +108,11 @@ class FdWriter:
             self._draining = True
             self._spawn(self._drain)
 
-    def _write_failed(self, exc: OSError) -> None:
+    def _write_failed(self, exc: OSError) -> WriterClosed:
+        """The writer closed by a failed write, and the error its caller raises."""
         self.peer_gone = exc.errno in (errno.EPIPE, errno.ECONNRESET)
         self._fail(f"write failed: {os.strerror(exc.errno or errno.EIO)}")
+        return WriterClosed(self.error)
 
     def _fail(self, reason: str) -> None:
         if not self.closed:

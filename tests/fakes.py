@@ -251,6 +251,24 @@ def _error(uid: int, text: str) -> Message:
     )
 
 
+class BytesWriter:
+    """The session's `out`, keeping the bytes exactly as written (batch arrays stay arrays)."""
+
+    buffered = 0
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        self.write(b"".join(parts))
+
+    async def wait_drained(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
 class FakeWriter:
     """The session's `out`. `block()` makes it look full until `unblock()`."""
 

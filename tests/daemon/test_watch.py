@@ -221,14 +221,20 @@ async def _restarted(watcher: SettingsWatcher, after: int) -> None:
             await trio.sleep(0.01)
 
 
-async def test_a_write_is_seen_after_the_folder_is_deleted_and_recreated(tmp_path: Path):
-    folder = tmp_path / "cfg"
+def _watched_file(folder: Path, name: str) -> tuple[Path, _Seen, SettingsWatcher]:
+    """`folder/name`, made with "{}" in it, and a watcher (no stale check) watching it."""
     folder.mkdir()
-    target = folder / "s.json"
+    target = folder / name
     target.write_text("{}")
     seen = _Seen()
     watcher = SettingsWatcher(seen)
     watcher.watch({str(target)})
+    return target, seen, watcher
+
+
+async def test_a_write_is_seen_after_the_folder_is_deleted_and_recreated(tmp_path: Path):
+    folder = tmp_path / "cfg"
+    target, seen, watcher = _watched_file(folder, "s.json")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watcher.run)
         await seen.until(target, lambda: target.write_text('{"mcpServers": {}}'))
@@ -297,12 +303,8 @@ async def test_a_folder_deleted_while_a_process_is_in_it_is_still_followed(tmp_p
     # arrives while the folder is still there, the folder's never: only its parent's watch
     # sees the folder go.
     folder = tmp_path / "project"
-    folder.mkdir()
-    target = folder / ".mcp.json"
-    target.write_text("{}")
-    seen = _Seen()
-    watcher = SettingsWatcher(seen)  # no stale check: only an event can report the file
-    watcher.watch({str(target)})
+    # No stale check: only an event can report the file.
+    target, seen, watcher = _watched_file(folder, ".mcp.json")
     holder = await trio.lowlevel.open_process(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=folder, stdin=subprocess.PIPE
     )

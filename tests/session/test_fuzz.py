@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import hostile
@@ -22,7 +21,7 @@ import msgspec
 import trio
 import trio.lowlevel
 import trio.testing
-from fakes import FakeNet, FakeServer, LogLines, desired, make_pool, stdio, tool
+from fakes import BytesWriter, FakeNet, FakeServer, LogLines, desired, make_pool, stdio, tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -195,24 +194,6 @@ _upstream_steps = st.one_of(
 _client_steps = st.tuples(st.just("client"), hostile.lines(_TOOLS, _PROMPTS, _URIS))
 
 
-class _RawWriter:
-    """The session's `out`, keeping the bytes as written (batch arrays stay arrays)."""
-
-    buffered = 0
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def write_parts(self, parts: Sequence[bytes]) -> None:
-        self.write(b"".join(parts))
-
-    async def wait_drained(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-
 @settings(
     deadline=None,
     max_examples=150,
@@ -243,7 +224,7 @@ async def test_hostile_input_never_raises_and_every_request_is_answered(
         server.capabilities["logging"] = {}
         net = FakeNet(srv=server)
         pool = make_pool(nursery, net)
-        out = _RawWriter()
+        out = BytesWriter()
         session = Session("s1", name="fuzz", cwd=None, pool=pool, out=out, log=logs)
         session.spawn = nursery.start_soon
         for _, line in early:  # before the session's first generation: the backlog

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import pytest
 import trio
 import trio.testing
-from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
+from fakes import BytesWriter, FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -129,24 +128,6 @@ async def test_every_page_served_from_the_cache_equals_the_uncached_pages(
     for session, out in ((first, first_out), (second, second_out)):
         pages = walk(session, out, "tools/list", "tools")
         assert [p["tools"] for p in pages] == expected_pages(new_items, "tools", 7)
-
-
-class BytesWriter:
-    """A session's writer keeping the bytes exactly as written."""
-
-    buffered = 0
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def write_parts(self, parts: Sequence[bytes]) -> None:
-        self.data += b"".join(parts)
-
-    async def wait_drained(self) -> None:
-        pass
 
 
 def list_line(rid: Any, params: dict[str, Any]) -> bytes:
