@@ -55,6 +55,7 @@ from ._jsonrpc import (
     request_line,
     response,
     response_line,
+    response_parts,
     split_result,
     to_raw,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "request_line",
     "response",
     "response_line",
+    "response_parts",
     "split_result",
     "to_raw",
 ]

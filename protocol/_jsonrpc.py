@@ -324,6 +324,12 @@ def response_line(id: JsonRpcId, result: bytes | Raw) -> bytes:
     return b'{"jsonrpc":"2.0","id":%b,"result":%b}\n' % (_encoder.encode(id), result)
 
 
+def response_parts(id: JsonRpcId, result: bytes) -> tuple[bytes, bytes, bytes]:
+    """`response_line(id, result)` as three parts, the middle one `result` itself: for a writer
+    that writes them without joining them (`FdWriter.write_parts`; a large cached result)."""
+    return (_RESULT_HEAD + _encoder.encode(id) + _RESULT_KEY, result, b"}\n")
+
+
 def notification(method: str, params: Any = UNSET) -> bytes:
     return encode(_NotificationOut(_VERSION, method, params))
 

@@ -31,6 +31,8 @@ from mcpool.protocol import (
     negotiate,
     notification,
     response,
+    response_line,
+    response_parts,
 )
 from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_header_mismatch
 
@@ -72,12 +74,6 @@ _REMOVED_AT_MODERN = frozenset(
 
 _TOOLS_LIST = b'"tools/list"'  # in a line that may be one (`_tools_page_direct` decides)
 
-# A result response around a page's bytes, member for member as `Response` is encoded.
-_PAGE_HEAD = b'{"jsonrpc":"2.0","id":'
-_PAGE_KEY = b',"result":'
-_PAGE_TAIL = b"}\n"
-
-
 # The cursors mcpool issued, and their offsets: read back without decoding (every page of a
 # full listing after each change, in every session; issue 17). Bounded: one per page boundary
 # of a list as long as one the daemon served.
@@ -85,13 +81,9 @@ _issued: dict[str, int] = {}
 
 
 def _cursor(offset: int) -> str:
-    cursor = _issued_cursor(offset)
+    cursor = base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
     _issued[cursor] = offset
     return cursor
-
-
-def _issued_cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
 
 
 def _offset(cursor: Any) -> int:
@@ -461,14 +453,13 @@ class SessionRequests(SessionGenerations):
         self._answer_page(request_id(msg), encoded)
 
     def _answer_page(self, rid: Any, page: bytes) -> None:
-        """The answer `{"jsonrpc":"2.0","id":rid,"result":page}`, as `Response` encodes it,
-        written around the page's bytes: no copy of them (55 KB a page, and every session
-        re-reads every page after a change; issue 17)."""
-        parts = (_PAGE_HEAD + _encoder.encode(rid) + _PAGE_KEY, page, _PAGE_TAIL)
+        """The answer with `page` as its result, written around the page's bytes: no copy of
+        them (55 KB a page, and every session re-reads every page after a change; issue 17).
+        A batch member's joins its batch whole."""
         if self._batch is None:
-            self.send_parts(parts)
+            self.send_parts(response_parts(rid, page))
         else:
-            self.reply(rid, b"".join(parts))
+            self.reply(rid, response_line(rid, page))
 
     def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
         self._list(msg, t, "tools", "tools")
