@@ -100,8 +100,9 @@ class Aggregate:
         # exposed -> (view index, upstream). A table made from the last relist's reads through
         # it (session/_tables.py) until the first call after the change makes it a dict
         # (`whole_tool_routes`): not at the change, in the pass every session waits on.
-        self.tool_routes: Mapping[str, tuple[int, str]] = {}
-        self.prompt_routes: Mapping[str, tuple[int, str]] = {}
+        self.tool_routes: _Routes = {}
+        # (A prompt part is never made from the one before: its routes are a dict.)
+        self.prompt_routes: dict[str, tuple[int, str]] = {}
         self.resource_routes: dict[str, int] = {}
         self.template_routes: tuple[tuple[re.Pattern[str], str, int], ...] = ()
         # Per list kind: key (exposed name or URI) -> canonical bytes; equal tables (in any
@@ -119,12 +120,6 @@ class Aggregate:
         routes = self.tool_routes
         if routes.__class__ is not dict:
             routes = self.tool_routes = whole(routes)
-        return routes
-
-    def whole_prompt_routes(self) -> dict[str, tuple[int, str]]:
-        routes = self.prompt_routes
-        if routes.__class__ is not dict:
-            routes = self.prompt_routes = whole(routes)
         return routes
 
 
@@ -191,7 +186,7 @@ class RegistryGeneration(msgspec.Struct, eq=False):
         return _new_route(Route, (self.views[hit[0]], hit[1])) if hit is not None else None
 
     def prompt_route(self, exposed: str) -> Route | None:
-        hit = self.agg.whole_prompt_routes().get(exposed)
+        hit = self.agg.prompt_routes.get(exposed)
         return Route(self.views[hit[0]], hit[1]) if hit is not None else None
 
     def resource_view(self, uri: str) -> SessionView | None:
@@ -210,7 +205,7 @@ class RegistryGeneration(msgspec.Struct, eq=False):
 
     @property
     def prompt_routes(self) -> dict[str, Route]:
-        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.whole_prompt_routes().items()}
+        return {e: Route(self.views[i], u) for e, (i, u) in self.agg.prompt_routes.items()}
 
     @property
     def resource_routes(self) -> dict[str, SessionView]:
@@ -734,8 +729,8 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     prompts: list[dict[str, Any]] = []
     resources: list[dict[str, Any]] = []
     templates: list[dict[str, Any]] = []
-    tool_routes: Mapping[str, tuple[int, str]] = {}
-    prompt_routes: Mapping[str, tuple[int, str]] = {}
+    tool_routes: _Routes = {}
+    prompt_routes: dict[str, tuple[int, str]] = {}
     resource_routes: dict[str, int] = {}
     template_routes: list[tuple[re.Pattern[str], str, int]] = []
     canon: dict[str, Mapping[str, bytes]] = {}
@@ -777,16 +772,15 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
         tool_routes = merged_tools
         canon["tools"] = tools_canon
     if len(parts["prompts"]) == 1:
-        prompt_routes, agg.prompts, canon["prompts"] = parts["prompts"][0]
+        routes, agg.prompts, canon["prompts"] = parts["prompts"][0]
+        prompt_routes = whole(routes)  # (a dict already: see `Aggregate.prompt_routes`)
     else:
         prompts_canon: dict[str, bytes] = {}
-        merged_prompts: dict[str, tuple[int, str]] = {}
         for routes, served, part_canon in parts["prompts"]:
-            merged_prompts.update(whole(routes))
+            prompt_routes.update(whole(routes))
             prompts.extend(served)
             prompts_canon.update(whole(part_canon))
         agg.prompts = tuple(prompts)
-        prompt_routes = merged_prompts
         canon["prompts"] = prompts_canon
     canon["resources"] = resources_canon
     agg.resources = tuple(resources)
