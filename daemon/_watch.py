@@ -318,8 +318,6 @@ class SettingsWatcher:
                 continue
             self._stop = anyio.Event()
             self.starts += 1
-            if self._nursery is not None:
-                self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             try:
                 async for paths in self._changes(plan, self._stop):
                     self._seen(paths)
@@ -354,6 +352,9 @@ class SettingsWatcher:
             # No entries-only watch here: a parent's other files are reported, and not routed.
             # One we may not read is left out, as Inotify.open does.
             readable = [p for p in parents if os.access(p, os.R_OK | os.X_OK)]
+            if self._nursery is not None:
+                # (Its watches are in place some time after this: caught up with then.)
+                self._nursery.start_soon(self._recheck, STARTUP_RECHECK)
             async for changes in awatch(
                 *folders,
                 *readable,
