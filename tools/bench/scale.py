@@ -9,7 +9,7 @@ Measures, against a private daemon on fake upstreams (tools/fake_upstream.py, FA
   session was told, against 5 ms; then daemon CPU (all its threads) per full re-read of the
   list (every page), against 2 ms. The upstream changes its tools when signalled, so the
   list_changed is timed alone; the same again with the change made by a session's set_tools
-  call (as measured before the seventh session: that call, the first after the previous
+  call (as measured before the eighth session: that call, the first after the previous
   change, is timed too);
 - `mcpool attach` to a warm daemon: initialize answered, median;
 - an idle daemon's wake-ups per second (context switches of all its threads).
