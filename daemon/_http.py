@@ -19,8 +19,9 @@ Settings: the daemon's config file, or the files named by `X-Mcpool-Settings`.
 
 Security: the endpoint binds loopback unless `--http-allow-remote`; a browser's `Origin` that is
 not a loopback origin is refused (403), and so is a non-loopback `Host` (DNS rebinding). Loopback
-TCP has no SO_PEERCRED, so the owner of a loopback peer's socket is read from /proc/net/tcp and
-a peer of another uid is refused, as on the Unix socket (X1).
+TCP has no SO_PEERCRED, so the owner of a loopback peer's socket is asked of the kernel
+(`mcpool.pool._peercred`, sock_diag) and a peer of another uid is refused, as on the Unix
+socket (X1, X7).
 
 HTTP/1.1 is spoken with h11 (the sans-I/O parser the house style follows); it is imported only
 when the endpoint starts.
@@ -34,7 +35,6 @@ import ipaddress
 import math
 import os
 import secrets
-import struct
 import traceback
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -45,6 +45,7 @@ import msgspec
 import trio
 from msgspec import UNSET
 
+from mcpool.pool._peercred import peer_uid_off_loop
 from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
@@ -373,33 +374,6 @@ def bind_is_loopback(host: str) -> bool:
         return False
 
 
-def _proc_address(ip: str, port: int) -> str:
-    """An address as /proc/net/tcp{,6} prints it: native-endian 32-bit words, then the port."""
-    addr = ipaddress.ip_address(ip)
-    if addr.version == 4:
-        words = struct.unpack("=I", addr.packed)
-        return f"{words[0]:08X}:{port:04X}"
-    words = struct.unpack("=4I", addr.packed)
-    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
-
-
-def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The uid owning the client end of a loopback TCP connection, from /proc/net/tcp{,6}."""
-    want_local = _proc_address(peer[0], peer[1])
-    want_remote = _proc_address(local[0], local[1])
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for row in f:
-                    fields = row.split()
-                    if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
-                        return int(fields[7])
-        except OSError:
-            continue
-    return None
-
-
 # -- the server ----------------------------------------------------------------------------------
 
 
@@ -556,7 +530,7 @@ class HttpEndpoint:
             local = stream.socket.getsockname()
             peer_loopback = ipaddress.ip_address(peer[0]).is_loopback
             if peer_loopback:
-                uid = loopback_peer_uid((peer[0], peer[1]), (local[0], local[1]))
+                uid = await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1]))
                 if uid != os.getuid():
                     self.host.log(
                         "warning", "refused an HTTP connection from another user", uid=uid
@@ -1008,7 +982,6 @@ __all__ = [
     "Stream",
     "bind_is_loopback",
     "is_loopback_host",
-    "loopback_peer_uid",
     "origin_allowed",
     "parse_bind",
     "parse_settings_header",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e.harness import DaemonFactory, load_peers
+from other_user import OtherUser, other_user_or_skip
 
 
 @pytest.fixture
@@ -81,3 +82,13 @@ def no_collector() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@pytest.fixture
+def other_user() -> Iterator[OtherUser]:
+    """A second local user (tests/other_user.py), with a world-readable scratch folder."""
+    user = other_user_or_skip()
+    try:
+        yield user
+    finally:
+        shutil.rmtree(user.scratch, ignore_errors=True)

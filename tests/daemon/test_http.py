@@ -5,8 +5,6 @@ tests/e2e/test_http.py drives the real endpoint."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 from typing import Any
 
 import pytest
@@ -17,7 +15,6 @@ from mcpool.daemon._http import (
     Stream,
     bind_is_loopback,
     is_loopback_host,
-    loopback_peer_uid,
     origin_allowed,
     parse_bind,
     parse_settings_header,
@@ -147,13 +144,3 @@ def test_settings_header_and_bind() -> None:
         parse_bind("8765")
     assert bind_is_loopback("127.0.0.1") and bind_is_loopback("::1")
     assert not bind_is_loopback("0.0.0.0")
-
-
-def test_the_uid_of_a_loopback_peer_is_found() -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        with socket.create_connection(server.getsockname()):
-            conn, peer = server.accept()
-            with conn:
-                assert loopback_peer_uid(peer, conn.getsockname()) == os.getuid()
