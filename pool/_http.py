@@ -585,6 +585,9 @@ class HttpUpstream(Upstream):
                     elif sse.event in ("message", "") and sse.data and started:
                         self._dispatch_related(sse.data.encode(), None)
             reason = "ended its SSE stream"
+        except OAuthError as exc:
+            self.oauth_error = exc  # what the entry says (not the group it ends up in)
+            raise
         except McpoolError:
             raise
         except Exception as exc:  # any failure of the connection or stream ends it
