@@ -621,10 +621,7 @@ class HttpUpstream(Upstream):
         insufficient_scope for one operation) leaves the connection up for the others."""
         self.needs_login = exc
         self._note(exc.reason)
-        cb = self._pending.pop(uid, None) if uid is not None else None
-        if cb is not None:
-            error = Raw(msgspec.json.encode(exc.to_error_object()))
-            cb(Message(jsonrpc="2.0", id=uid, error=error))
+        self._fail_with(uid, exc)
         if not exc.step_up:
             self._drop(exc.reason)
 
@@ -633,11 +630,15 @@ class HttpUpstream(Upstream):
         error, which names the server and the step, and so does the connection."""
         self.oauth_error = exc
         self._note(exc.reason)
+        self._fail_with(uid, exc)
+        self._drop(exc.reason)
+
+    def _fail_with(self, uid: int | None, exc: McpoolError) -> None:
+        """The request `uid` (if still pending) is answered with our error."""
         cb = self._pending.pop(uid, None) if uid is not None else None
         if cb is not None:
             error = Raw(msgspec.json.encode(exc.to_error_object()))
             cb(Message(jsonrpc="2.0", id=uid, error=error))
-        self._drop(exc.reason)
 
     def _fail_one(self, uid: int | None, what: str) -> None:
         if uid is None:
