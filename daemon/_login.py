@@ -8,6 +8,14 @@ and the tokens are stored (or with the error, naming the step). Once a server is
 its entries reconnect, and their sessions get its tools by list_changed. The daemon never opens
 a browser: `daemonctl login` does, with Python's `webbrowser` (which honours `$BROWSER`).
 
+The browser is never started with the authorization URL (X7): a command line is readable by
+every local user (`ps`), and the URL carries the login's state and PKCE challenge. It is
+started with the login's loopback listener, `http://127.0.0.1:PORT/`, which redirects the
+user's own uid to the URL and closes any other uid's connection unread (pool/_oauth.py). Unlike
+a redirect file, that works with confined browsers (snap, flatpak), which cannot read the
+private folders such a file must be in. daemonctl prints the URL itself on its own terminal,
+for `--no-browser` and for a browser that did not start.
+
 The daemon's answers never carry a token: a login's result is the server, whether it is
 authorized, and the granted scope.
 """
@@ -22,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mcpool.pool import identity_of
-from mcpool.pool._oauth import LOGIN_TIMEOUT, Broker, OAuthError, install
+from mcpool.pool._oauth import LOGIN_TIMEOUT, Broker, OAuthError, install, login_failure
 from mcpool.pool._tokens import TokenStore
 from mcpool.protocol import INVALID_PARAMS, McpoolError
 
@@ -48,13 +56,15 @@ class _Running:
     def __init__(self, identity: TransportIdentity) -> None:
         self.identity = identity
         self.url: str | None = None
+        self.start_url: str | None = None  # what the browser is started with
         self.has_url = trio.Event()
         self.done = trio.Event()
         self.result: dict[str, Any] | None = None
         self.error: McpoolError | None = None
 
-    def got_url(self, url: str) -> None:
+    def got_url(self, url: str, start_url: str) -> None:
         self.url = url
+        self.start_url = start_url
         self.has_url.set()
 
 
@@ -145,15 +155,18 @@ class Logins:
             raise running.error
         if running.url is None and running.result is None:
             raise OAuthError(name, "discovery", f"no authorization URL within {URL_WAIT:g} s")
-        return {"server": name, "url": running.url, "done": running.done.is_set()}
+        return {
+            "server": name,
+            "url": running.url,
+            "open": running.start_url,
+            "done": running.done.is_set(),
+        }
 
     async def _login(self, running: _Running) -> None:
         try:
             running.result = await self.broker.login(running.identity, running.got_url)
-        except McpoolError as exc:
-            running.error = exc
         except Exception as exc:  # a login's failure is its caller's, never the daemon's
-            running.error = OAuthError(running.identity.name, "authorization", repr(exc))
+            running.error = login_failure(running.identity.name, exc)
         finally:
             running.done.set()
 
@@ -196,13 +209,16 @@ def cmd_login(client: AdminClient, args: argparse.Namespace, as_json: bool) -> i
 
     started = client.call("login", {"name": args.name})
     url = started.get("url")
+    start_url = started.get("open")
     opened = False
     if isinstance(url, str) and not started.get("done"):
         sys.stderr.write(f"Open this URL to authorize {args.name}:\n  {url}\n")
         sys.stderr.flush()
         if not args.no_browser:
+            # Never the URL itself on a command line (X7): the listener's address, which
+            # redirects us to it. A daemon that has none: the user opens the URL.
             try:
-                opened = webbrowser.open(url)
+                opened = isinstance(start_url, str) and webbrowser.open(start_url)
             except webbrowser.Error:
                 opened = False
             if not opened:

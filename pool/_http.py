@@ -50,7 +50,7 @@ from mcpool.protocol import (
 from mcpool.protocol._headers import header_params, param_headers, standard_headers
 
 from . import _eras, _oauth
-from ._oauth import NeedsLogin
+from ._oauth import NeedsLogin, OAuthError
 from ._spec import TransportIdentity, printable, redact_url
 from ._upstream import UPSTREAM_WRITE_BUFFER, Upstream, UpstreamEvents
 
@@ -131,6 +131,7 @@ class HttpUpstream(Upstream):
         self._related: int | None = None
         self._endpoint: str | None = None  # HTTP+SSE: where messages are POSTed
         self.needs_login: NeedsLogin | None = None  # the server wants `daemonctl login`
+        self.oauth_error: OAuthError | None = None  # a step of the OAuth flow failed
         # Modern era: each listed tool's `x-mcp-header` arguments, mirrored as Mcp-Param-*.
         self._param_annotations: dict[str, dict[tuple[str, ...], str]] = {}
 
@@ -355,6 +356,8 @@ class HttpUpstream(Upstream):
                 ended = True
         except NeedsLogin as exc:
             self._login_needed(uid, exc)
+        except OAuthError as exc:
+            self._oauth_failed(uid, exc)
         except Exception as exc:  # any failure of the connection or stream ends it
             if listen is not None:
                 pass  # a broken listen stream is reopened like one the server ended (below)
@@ -536,6 +539,9 @@ class HttpUpstream(Upstream):
             except NeedsLogin as exc:
                 self._login_needed(None, exc)
                 return
+            except OAuthError as exc:
+                self._oauth_failed(None, exc)
+                return
             except Exception as exc:  # any failure of the connection or stream ends it
                 self._drop(f"lost its connection to {redact_url(self.url)} ({self._why(exc)})")
                 return
@@ -579,6 +585,9 @@ class HttpUpstream(Upstream):
                     elif sse.event in ("message", "") and sse.data and started:
                         self._dispatch_related(sse.data.encode(), None)
             reason = "ended its SSE stream"
+        except OAuthError as exc:
+            self.oauth_error = exc  # what the entry says (not the group it ends up in)
+            raise
         except McpoolError:
             raise
         except Exception as exc:  # any failure of the connection or stream ends it
@@ -612,12 +621,24 @@ class HttpUpstream(Upstream):
         insufficient_scope for one operation) leaves the connection up for the others."""
         self.needs_login = exc
         self._note(exc.reason)
+        self._fail_with(uid, exc)
+        if not exc.step_up:
+            self._drop(exc.reason)
+
+    def _oauth_failed(self, uid: int | None, exc: OAuthError) -> None:
+        """A step of the OAuth flow failed (discovery, a refresh): the request fails with that
+        error, which names the server and the step, and so does the connection."""
+        self.oauth_error = exc
+        self._note(exc.reason)
+        self._fail_with(uid, exc)
+        self._drop(exc.reason)
+
+    def _fail_with(self, uid: int | None, exc: McpoolError) -> None:
+        """The request `uid` (if still pending) is answered with our error."""
         cb = self._pending.pop(uid, None) if uid is not None else None
         if cb is not None:
             error = Raw(msgspec.json.encode(exc.to_error_object()))
             cb(Message(jsonrpc="2.0", id=uid, error=error))
-        if not exc.step_up:
-            self._drop(exc.reason)
 
     def _fail_one(self, uid: int | None, what: str) -> None:
         if uid is None:

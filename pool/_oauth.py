@@ -15,12 +15,16 @@ Theory of operation. What is the SDK's and what is ours:
   connection's flow that would need one (register a client, open the authorization URL) stops
   with `NeedsLogin` instead; the entry shows `needs-login` and waits. `daemonctl login` runs the
   interactive half here (`Broker.login`): it feeds the flow the challenge the server last gave
-  (or asks the server once), hands the authorization URL to daemonctl, which opens the user's
-  browser, and takes the redirect on a loopback listener of the daemon. Also ours: refresh on a
-  401 before any new login (the SDK goes straight to a new authorization), refresh a margin
-  before expiry (and after a restart, from the stored expiry), the token endpoint method of
-  pre-registered credentials chosen from what the server advertises, a bounded number of
-  step-up logins, the token store (`_tokens`), and errors that name the server and the step.
+  (or asks the server once), hands the authorization URL to daemonctl, which starts the user's
+  browser at a loopback listener of the daemon that redirects it there (never with the URL on
+  a command line), and takes the redirect on that listener, which serves only the daemon's uid
+  and takes one callback with the login's state (X7, "the loopback redirect" below). Also
+  ours: refresh on a 401 before any new login (the SDK goes straight to a new authorization),
+  refresh a margin before expiry (and after a restart, from the stored expiry), the token
+  endpoint method of pre-registered credentials chosen from what the server advertises, a
+  bounded number of step-up logins, the token store (`_tokens`), and errors that name the
+  server and the step in one line, whatever nursery groups they came through
+  (`login_failure`).
 
 Tokens are never logged or shown (X2): nothing here formats a token, and the SDK's own logger
 (which logs flow errors with tracebacks) is silenced; what the user sees is our messages.
@@ -29,7 +33,9 @@ Tokens are never logged or shown (X2): nothing here formats a token, and the SDK
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -42,6 +48,7 @@ import trio
 
 from mcpool.protocol import LATEST_HANDSHAKE, McpoolError, UpstreamUnavailable
 
+from ._peercred import RefusalLog, peer_uid_off_loop
 from ._tokens import TokenRecord, TokenStore, token_key
 
 if TYPE_CHECKING:
@@ -58,13 +65,30 @@ LOGIN_TIMEOUT = 300.0
 # one server; then the server is refused until its settings change or the user logs out (a
 # server that never accepts the scope it asks for must not loop the user through the browser).
 MAX_STEP_UPS = 3
-# The redirect's request head must arrive within this (a local client that connects and
-# says nothing must not hold the listener).
+# The redirect's request head must arrive within this, whole (a local client that connects
+# and says nothing, or dribbles, must not hold a connection slot).
 CALLBACK_READ_TIMEOUT = 10.0
 MAX_CALLBACK_HEAD = 16 * 1024  # a redirect's request line and headers; more is not one
+# The owner lookup of a connection: sock_diag answers at once; the /proc fallback reads the TCP
+# table in a worker thread.
+PEER_CHECK_TIMEOUT = 5.0
+# Connections whose owner is being looked up at once (only the /proc fallback takes time);
+# more are closed unread.
+MAX_UNCHECKED = 64
+# Our own uid's connections read at once (a browser opens a few speculative ones, each bounded
+# by CALLBACK_READ_TIMEOUT); more are closed.
+MAX_OWNER_CONNECTIONS = 32
+LISTEN_BACKLOG = 128
+# An answer page is sent within this (it fits in the socket's buffer: only a peer that reads
+# nothing can take long).
+PAGE_TIMEOUT = 2.0
+# Out of file descriptors or memory: accept again after this.
+ACCEPT_RETRY = 0.1
+_ACCEPT_LATER = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 # Discovery, registration and token requests, and the login's probe, are short exchanges.
 OAUTH_REQUEST_TIMEOUT = 30.0
 CALLBACK_PATH = "/callback"
+START_PATH = "/"  # the browser is started here; it redirects to the authorization URL
 CLIENT_NAME = "mcpool"
 
 Step = Literal["discovery", "registration", "authorization", "token", "refresh"]
@@ -131,14 +155,54 @@ class NeedsLogin(UpstreamUnavailable):
         self.step_up = step_up
 
 
+# How each step reads in an error: "server 'x': OAuth token request failed: ...".
+STEP_TEXT: dict[str, str] = {
+    "discovery": "discovery",
+    "registration": "client registration",
+    "authorization": "authorization",
+    "token": "token request",
+    "refresh": "token refresh",
+}
+# A server's error text quoted in ours is cut here (a token endpoint may answer a whole page).
+MAX_DETAIL = 300
+
+
 class OAuthError(UpstreamUnavailable):
-    """A step of the OAuth flow failed: the server, the step and the server's error."""
+    """A step of the OAuth flow failed: the server, the step and the server's error, in one
+    line (the detail is made printable and bounded here, whoever wrote it)."""
 
     default_message = "Upstream server authorization failed"
 
     def __init__(self, server: str, step: Step, detail: str) -> None:
-        super().__init__(server, f"server '{server}': OAuth {step} failed: {detail}", step=step)
+        text = f"server '{server}': OAuth {STEP_TEXT[step]} failed: {one_line(detail)}"
+        super().__init__(server, text, step=step)
         self.step = step
+
+
+def one_line(text: str, limit: int = MAX_DETAIL) -> str:
+    """`text` as one printable line of at most `limit` characters."""
+    from ._spec import printable  # (_spec imports this module)
+
+    flat = printable(" ".join(text.split()))
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def login_failure(server: str, exc: BaseException) -> McpoolError:
+    """One error for a login that failed, whatever nursery groups it came out of: the first
+    McpoolError among its causes (ours name the server and the step), else an OAuthError of the
+    authorization step saying what the causes were. Never a group, never a repr."""
+    leaves = _leaves(exc)
+    for leaf in leaves:
+        if isinstance(leaf, McpoolError):
+            return leaf
+    return OAuthError(server, "authorization", _detail(exc))
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside `exc`'s groups (itself when it is none), cancellations left out."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [] if isinstance(exc, trio.Cancelled) else [exc]
 
 
 def choose_auth_method(advertised: list[str] | None, has_secret: bool) -> str:
@@ -166,6 +230,23 @@ def parse_challenge(header: str | None) -> dict[str, str]:
 
 
 # -- the loopback redirect ------------------------------------------------------------------
+#
+# The listener a login takes its redirect on (RFC 8252 §7.3) is one login's alone (X7):
+#
+# - It serves only the daemon's own uid. Every accepted connection's owner is looked up (the
+#   kernel's, `_peercred`) before a byte is read; another uid's is closed unread, and counted in
+#   a log line at most once a minute per uid. Any local user can reach a loopback port, and
+#   the authorization URL (state, PKCE challenge) can be guessed at or seen: a code another user
+#   got for its own account, delivered here with our state, would otherwise log every session
+#   in as that account, and an error delivered here would end our login.
+# - It hands the browser the authorization URL at `/` (a redirect), so that daemonctl starts
+#   the browser with `http://127.0.0.1:PORT/` on its command line instead of the URL, which any
+#   local user can read in `ps`.
+# - The state is single-use and this login's: `RedirectGate` takes the first callback with it
+#   and refuses every other one (another state, the same state again, none) with an error
+#   page, leaving the login waiting; only the owner's right callback completes it.
+# - Each connection is its own task, bounded in bytes and in time, and so is their number: a
+#   connection that says nothing or dribbles never holds up the browser's.
 
 
 class CallbackResult(msgspec.Struct, frozen=True):
@@ -176,62 +257,122 @@ class CallbackResult(msgspec.Struct, frozen=True):
     error_description: str | None = None
 
 
-def parse_callback(head: bytes, expected_state: str | None) -> tuple[int, CallbackResult | None]:
-    """The HTTP status to answer a request to the listener with, and the redirect's result
-    when it is the one we wait for (right path, our `state`). Pure: tested without sockets."""
-    line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = line.split(" ")
-    if len(parts) != 3 or parts[0] != "GET":
-        return 405, None
-    target = urlsplit(parts[1])
-    if target.path != CALLBACK_PATH:
-        return 404, None
-    query = {k: v[0] for k, v in parse_qs(target.query).items()}
-    state = query.get("state")
-    if expected_state is None or state is None or not secrets.compare_digest(state, expected_state):
-        return 400, None
-    result = CallbackResult(
-        code=query.get("code"),
-        state=state,
-        iss=query.get("iss"),
-        error=query.get("error"),
-        error_description=query.get("error_description"),
-    )
-    if result.code is None and result.error is None:
-        return 400, None
-    return 200, result
+@dataclass(frozen=True)
+class Answer:
+    """What the listener answers one request with (`RedirectGate.judge`)."""
+
+    status: int
+    result: CallbackResult | None = None  # the redirect the login waits for
+    location: str | None = None  # the start page: where the browser goes
+    refused: str | None = None  # why a callback was refused, for the log
 
 
-def _page(status: int, server: str) -> bytes:
+class RedirectGate:
+    """One login's redirect: its authorization URL and its state, which one callback uses.
+    Pure (no sockets): `judge` decides the answer to a request head."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self.state: str | None = None  # until a callback used it
+        self.spent: str | None = None  # the state, once used
+
+    def issue(self, url: str) -> None:
+        self.url = url
+        self.state = parse_qs(urlsplit(url).query).get("state", [None])[0]
+        self.spent = None
+
+    def judge(self, head: bytes) -> Answer:
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split(" ")
+        if len(parts) != 3 or parts[0] != "GET":
+            return Answer(405)
+        target = urlsplit(parts[1])
+        if target.path == START_PATH and not target.query:
+            if self.url is None or self.spent is not None:
+                return Answer(410)  # no URL yet, or the authorization came back already
+            return Answer(303, location=self.url)
+        if target.path != CALLBACK_PATH:
+            return Answer(404)
+        query = {k: v[0] for k, v in parse_qs(target.query).items()}
+        state = query.get("state")
+        if state is None:
+            return Answer(400, refused="a callback without a state")
+        if self.spent is not None and secrets.compare_digest(state, self.spent):
+            return Answer(400, refused="a callback whose state was already used")
+        if self.state is None or not secrets.compare_digest(state, self.state):
+            return Answer(400, refused="a callback with another login's state")
+        result = CallbackResult(
+            code=query.get("code"),
+            state=state,
+            iss=query.get("iss"),
+            error=query.get("error"),
+            error_description=query.get("error_description"),
+        )
+        if result.code is None and result.error is None:
+            return Answer(400, refused="a callback with neither a code nor an error")
+        self.spent, self.state = self.state, None
+        return Answer(200, result=result)
+
+
+_REASONS = {
+    200: "OK",
+    303: "See Other",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    410: "Gone",
+}
+
+
+def _page(answer: Answer, server: str) -> bytes:
     text = {
         200: f"mcpool: the authorization of {server} reached the daemon. You can close this tab.",
         400: "mcpool: this is not the authorization mcpool is waiting for.",
-    }.get(status, "mcpool: not found.")
-    body = f"<!doctype html><meta charset=utf-8><title>mcpool</title><p>{text}</p>\n".encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+        410: "mcpool: this login is over; run `daemonctl login` again if you need one.",
+    }.get(answer.status, "mcpool: not found.")
+    body = b"" if answer.location else _html(text)
+    extra = f"Location: {answer.location}\r\nReferrer-Policy: no-referrer\r\n"
     return (
-        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
+        f"HTTP/1.1 {answer.status} {_REASONS.get(answer.status, 'Error')}\r\n"
+        f"{extra if answer.location else ''}"
         "Content-Type: text/html; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n"
     ).encode() + body
 
 
-class CallbackListener:
-    """The daemon's loopback listener for one login's redirect (127.0.0.1, RFC 8252 §7.3)."""
+def _html(text: str) -> bytes:
+    return f"<!doctype html><meta charset=utf-8><title>mcpool</title><p>{text}</p>\n".encode()
 
-    def __init__(self, server: str, sock: trio.socket.SocketType) -> None:
+
+class CallbackListener:
+    """The daemon's loopback listener for one login's redirect (127.0.0.1), serving only the
+    daemon's uid."""
+
+    def __init__(self, server: str, sock: trio.socket.SocketType, log: Callable[..., None]) -> None:
         self.server = server
         self.sock = sock
         self.port: int = sock.getsockname()[1]
-        self.expected_state: str | None = None
+        self.log = log
+        self.owner = os.geteuid()
+        self.gate = RedirectGate()
+        self.refusals = RefusalLog()
+        self._unchecked = 0  # connections whose owner is being looked up
+        self._reading = 0  # our own uid's connections being read or answered
         self._send, self._receive = trio.open_memory_channel[CallbackResult](1)
 
     @property
     def redirect_uri(self) -> str:
         return f"http://127.0.0.1:{self.port}{CALLBACK_PATH}"
 
+    @property
+    def start_url(self) -> str:
+        """What the browser is started with: it redirects our uid to the authorization URL."""
+        return f"http://127.0.0.1:{self.port}{START_PATH}"
+
     @classmethod
-    async def bind(cls, server: str, port: int, *, exact: bool) -> CallbackListener:
+    async def bind(
+        cls, server: str, port: int, *, exact: bool, log: Callable[..., None]
+    ) -> CallbackListener:
         """Listen on `port` (0: any). A port the settings name is the redirect URI the client
         was registered with: taken, it is an error; a remembered one is only a preference."""
         for candidate in (port, 0) if port and not exact else (port,):
@@ -240,7 +381,7 @@ class CallbackListener:
             sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
             try:
                 await sock.bind(("127.0.0.1", candidate))
-                sock.listen(8)
+                sock.listen(LISTEN_BACKLOG)
             except OSError as exc:
                 sock.close()
                 if candidate == 0 or exact:
@@ -248,36 +389,106 @@ class CallbackListener:
                         server, "authorization", f"cannot listen for the redirect: {exc}"
                     ) from exc
                 continue
-            return cls(server, sock)
+            return cls(server, sock, log)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def serve(self) -> None:
+        """Accept until cancelled; never raises for what a peer does."""
+        listener = trio.SocketListener(self.sock)
         async with trio.open_nursery() as nursery:
             while True:
-                conn, _ = await self.sock.accept()
-                nursery.start_soon(self._one, conn)
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_LATER:
+                        raise
+                    await trio.sleep(ACCEPT_RETRY)  # out of fds or memory: a moment
+                    continue
+                if self._unchecked >= MAX_UNCHECKED:
+                    _drop(stream)  # only while lookups wait for the /proc fallback
+                    continue
+                self._unchecked += 1
+                nursery.start_soon(self._one, stream)
 
-    async def _one(self, conn: trio.socket.SocketType) -> None:
-        with conn:
-            head = b""
-            with trio.move_on_after(CALLBACK_READ_TIMEOUT):
-                while b"\r\n\r\n" not in head and len(head) < MAX_CALLBACK_HEAD:
-                    chunk = await conn.recv(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-            status, result = parse_callback(head, self.expected_state)
-            with contextlib.suppress(OSError), trio.move_on_after(CALLBACK_READ_TIMEOUT):
-                await conn.send(_page(status, self.server))
-            if result is not None:
-                with contextlib.suppress(trio.WouldBlock):
-                    self._send.send_nowait(result)
+    async def _one(self, stream: trio.SocketStream) -> None:
+        checked = False
+        try:
+            uid = await self._peer_uid(stream)
+            self._unchecked -= 1
+            checked = True
+            if uid != self.owner:
+                self._refused(uid, "a connection from another user")
+                return  # closed unread (finally)
+            if self._reading >= MAX_OWNER_CONNECTIONS:
+                self._refused(uid, "a connection past the listener's bound")
+                return
+            self._reading += 1
+            try:
+                await self._serve_owner(stream, uid)
+            finally:
+                self._reading -= 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away: only its connection ends
+        finally:
+            if not checked:
+                self._unchecked -= 1
+            _drop(stream)
+
+    async def _peer_uid(self, stream: trio.SocketStream) -> int | None:
+        """Who holds the other end (None: nobody the kernel knows, or not in time)."""
+        peer = stream.socket.getpeername()
+        local = stream.socket.getsockname()
+        with trio.move_on_after(PEER_CHECK_TIMEOUT):
+            return await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1]))
+        return None
+
+    async def _serve_owner(self, stream: trio.SocketStream, uid: int) -> None:
+        head = b""
+        # One deadline for the whole head: a peer that dribbles gets no more than one that
+        # says nothing.
+        with trio.move_on_after(CALLBACK_READ_TIMEOUT):
+            while b"\r\n\r\n" not in head and len(head) < MAX_CALLBACK_HEAD:
+                chunk = await stream.receive_some(MAX_CALLBACK_HEAD - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        answer = self.gate.judge(head)
+        if answer.refused is not None:
+            self._refused(uid, answer.refused)
+        if answer.result is not None:
+            # The gate took this state (no other callback can be taken), so the login takes
+            # it whatever becomes of this connection; the page is a courtesy to the browser,
+            # sent even when the login ends meanwhile (a few hundred bytes: at once).
+            self._send.send_nowait(answer.result)
+        with trio.move_on_after(PAGE_TIMEOUT, shield=answer.result is not None):
+            await stream.send_all(_page(answer, self.server))
+
+    def _refused(self, uid: int | None, what: str) -> None:
+        count = self.refusals.refused(uid, trio.current_time())
+        if count is not None:
+            self._log_refusal(uid, what, count)
+
+    def _log_refusal(self, uid: int | None, what: str, count: int) -> None:
+        self.log(
+            "warning",
+            f"server '{self.server}': the OAuth redirect listener refused {what}",
+            server=self.server,
+            uid=uid,
+            count=count,
+        )
 
     async def wait(self) -> CallbackResult:
         return await self._receive.receive()
 
     def close(self) -> None:
+        for uid, count in self.refusals.flush():
+            self._log_refusal(uid, "more connections or callbacks", count)
         self.sock.close()
+
+
+def _drop(stream: trio.SocketStream) -> None:
+    """Close at once, whatever is unread (the kernel answers a reset)."""
+    stream.socket.close()
 
 
 # -- the token storage the SDK provider reads and writes --------------------------------------
@@ -361,13 +572,13 @@ class KeyState:
 class _Login:
     """The interactive half of one login: where the URL goes and where the redirect comes."""
 
-    def __init__(self, listener: CallbackListener, on_url: Callable[[str], None]) -> None:
+    def __init__(self, listener: CallbackListener, on_url: Callable[[str, str], None]) -> None:
         self.listener = listener
         self.on_url = on_url
 
     async def redirect(self, url: str) -> None:
-        self.listener.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]
-        self.on_url(url)
+        self.listener.gate.issue(url)
+        self.on_url(url, self.listener.start_url)
 
     async def callback(self) -> Any:
         from mcp.shared.auth import AuthorizationCodeResult
@@ -377,7 +588,11 @@ class _Login:
             detail = result.error + (
                 f": {result.error_description}" if result.error_description else ""
             )
-            raise OAuthError(self.listener.server, "authorization", f"the server answered {detail}")
+            raise OAuthError(
+                self.listener.server,
+                "authorization",
+                f"the authorization server answered {detail}",
+            )
         return AuthorizationCodeResult(code=result.code or "", state=result.state, iss=result.iss)
 
 
@@ -695,8 +910,9 @@ def _method_of(request: Any) -> str | None:
 
 
 def _detail(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text or type(exc).__name__
+    """What went wrong, in words: the messages of the exceptions inside `exc`'s groups."""
+    texts = [str(leaf).strip() or type(leaf).__name__ for leaf in _leaves(exc)]
+    return "; ".join(dict.fromkeys(texts)) or type(exc).__name__
 
 
 # -- the broker: one per daemon ---------------------------------------------------------------
@@ -771,10 +987,12 @@ class Broker:
     # -- logins ----------------------------------------------------------------------------
 
     async def login(
-        self, identity: TransportIdentity, on_url: Callable[[str], None]
+        self, identity: TransportIdentity, on_url: Callable[[str, str], None]
     ) -> dict[str, Any]:
         """The interactive authorization of one server: `on_url` gets the URL for the user's
-        browser; returns once the tokens are stored (or raises OAuthError naming the step)."""
+        browser and the loopback address that redirects the user's own uid to it (what a
+        browser is started with: see the listener); returns once the tokens are stored, or
+        raises one McpoolError naming the server and the step."""
         key = self.key_of(identity)
         name = identity.name
         if key is None or identity.url is None:
@@ -793,29 +1011,15 @@ class Broker:
         settings = oauth_settings_of(identity) or OAuthSettings()
         st.login_running = True
         try:
-            listener = await CallbackListener.bind(
-                name, self._port(key, settings), exact=settings.callback_port is not None
-            )
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(listener.serve)
-                    self._forget_other_redirect(key, settings, listener.redirect_uri)
-                    provider = _provider_class()(
-                        self,
-                        name,
-                        key,
-                        settings,
-                        identity.url,
-                        listener.redirect_uri,
-                        _Login(listener, on_url),
-                    )
-                    await self._drive(identity, provider, st)
-                    nursery.cancel_scope.cancel()
-            finally:
-                listener.close()
-        except OAuthError as exc:
-            self.log("warning", exc.reason, server=name)
-            raise
+            await self._login(identity, key, settings, st, on_url)
+        except Exception as exc:  # an ExceptionGroup too: the login's nursery raises them
+            error = login_failure(name, exc)
+            self.log("warning", error.reason, server=name)
+            if error is exc:
+                raise
+            # A cause out of the group is raised as itself, with its own cause (the group
+            # that held it would only repeat it).
+            raise error from (error.__cause__ if error.__traceback__ else exc)
         finally:
             st.login_running = False
         st.needs_login = False
@@ -824,6 +1028,39 @@ class Broker:
         self.log("info", f"server '{name}' authorized", server=name)
         self.on_authorized(key)
         return {"server": name, "authorized": True, "scope": tokens.get("scope")}
+
+    async def _login(
+        self,
+        identity: TransportIdentity,
+        key: str,
+        settings: OAuthSettings,
+        st: KeyState,
+        on_url: Callable[[str, str], None],
+    ) -> None:
+        assert identity.url is not None
+        listener = await CallbackListener.bind(
+            identity.name,
+            self._port(key, settings),
+            exact=settings.callback_port is not None,
+            log=self.log,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(listener.serve)
+                self._forget_other_redirect(key, settings, listener.redirect_uri)
+                provider = _provider_class()(
+                    self,
+                    identity.name,
+                    key,
+                    settings,
+                    identity.url,
+                    listener.redirect_uri,
+                    _Login(listener, on_url),
+                )
+                await self._drive(identity, provider, st)
+                nursery.cancel_scope.cancel()
+        finally:
+            listener.close()
 
     def _port(self, key: str, settings: OAuthSettings) -> int:
         """The configured callback port, else the port the stored registration names (so the
@@ -975,6 +1212,13 @@ def needs_login(upstream: Any, exc: BaseException | None) -> bool:
     return exc is not None and _contains(exc, NeedsLogin)
 
 
+def oauth_failure(upstream: Any) -> str | None:
+    """Why a connection's OAuth flow failed (its server and step), when that ended it: what
+    the entry says, rather than the errors of the requests that found it closed."""
+    error = getattr(upstream, "oauth_error", None)
+    return error.reason if isinstance(error, OAuthError) else None
+
+
 def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return any(_contains(e, kind) for e in exc.exceptions)
@@ -982,14 +1226,18 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 
 
 __all__ = [
+    "Answer",
     "Broker",
+    "CallbackListener",
     "CallbackResult",
     "NeedsLogin",
     "OAuthError",
     "OAuthSettings",
+    "RedirectGate",
     "choose_auth_method",
     "install",
+    "login_failure",
+    "oauth_failure",
     "oauth_identity",
-    "parse_callback",
     "parse_challenge",
 ]

@@ -188,3 +188,36 @@ async def peer_uid_off_loop(peer: tuple[str, int], local: tuple[str, int]) -> in
         if uid is not None or _SHARED.available:
             return uid
     return await trio.to_thread.run_sync(proc_peer_uid, peer, local, abandon_on_cancel=True)
+
+
+# Refusals of another user's connections are logged at most this often per uid: a peer that
+# churns connections must not fill the log (or cost a write per connection).
+REFUSAL_LOG_INTERVAL = 60.0
+
+
+class RefusalLog:
+    """Which refusals to log: the first of a uid at once, later ones within `interval` of the
+    last line only counted, and reported (with the count) by the next line for that uid, or by
+    `flush` when the listener closes. Pure: the caller passes the time and writes the line."""
+
+    def __init__(self, interval: float = REFUSAL_LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._logged_at: dict[int | None, float] = {}
+        self._unlogged: dict[int | None, int] = {}
+
+    def refused(self, uid: int | None, now: float) -> int | None:
+        """Count one refusal of `uid`'s connection: how many to report in a line now (this one
+        included), or None to stay quiet."""
+        count = self._unlogged.pop(uid, 0) + 1
+        last = self._logged_at.get(uid)
+        if last is not None and now - last < self.interval:
+            self._unlogged[uid] = count
+            return None
+        self._logged_at[uid] = now
+        return count
+
+    def flush(self) -> list[tuple[int | None, int]]:
+        """The refusals counted but not yet reported, per uid; the counts start again."""
+        pending = list(self._unlogged.items())
+        self._unlogged.clear()
+        return pending

@@ -48,7 +48,7 @@ from ._entry import (
     next_idle_since,
 )
 from ._guardian import Guardian
-from ._oauth import needs_login
+from ._oauth import needs_login, oauth_failure
 from ._reuse import KnownItems
 from ._snapshots import (
     EncodedList,
@@ -603,7 +603,8 @@ class Pool:
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:
-                failure = _describe(exc)
+                # An OAuth step that failed is why, whatever the requests it closed said.
+                failure = oauth_failure(upstream) or _describe(exc)
         finally:
             entry.starting = None
             entry.upstream = None
@@ -642,7 +643,7 @@ def _with_exit_details(failure: str, upstream: Upstream) -> str:
     if upstream.exit_status is not None and "status" not in failure:
         details.append(f"exit status {upstream.exit_status}")
     tail = [line for line in upstream.stderr_tail if line.strip()]
-    if tail:
+    if tail and not tail[-1].endswith(failure):  # (a note of ours may say it already)
         details.append(f"stderr: {tail[-1][:300]}")
     return f"{failure} ({'; '.join(details)})" if details else failure
 

@@ -39,7 +39,8 @@ CIMD_URL = "https://conformance-test.local/client-metadata.json"
 
 BROWSER = """#!{python}
 import sys, urllib.request
-# A browser that approves at once: fetch the URL and follow its redirects to the daemon.
+# A browser that approves at once: fetch what daemonctl gives it (the daemon's loopback
+# address, which redirects to the authorization URL) and follow the redirects back to it.
 with urllib.request.urlopen(sys.argv[1], timeout=30) as resp:
     resp.read()
 """

@@ -7,10 +7,12 @@ choice and challenge parser are plain functions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,13 @@ import trio
 
 from mcpool.pool import ServerSettings, identity_of
 from mcpool.pool._oauth import (
+    Answer,
     Broker,
     CallbackResult,
     NeedsLogin,
     OAuthSettings,
+    RedirectGate,
     choose_auth_method,
-    parse_callback,
     parse_challenge,
 )
 from mcpool.pool._tokens import FileBackend, TokenRecord, TokenStore, token_key
@@ -49,31 +52,91 @@ def _identity(**oauth: Any) -> Any:
 # -- pure parts ---------------------------------------------------------------------------------
 
 
-def test_callback_with_our_state_is_taken() -> None:
+AUTH_URL = "http://as.test/authorize?client_id=c1&state=s1&code_challenge=ch"
+
+
+def _gate() -> RedirectGate:
+    gate = RedirectGate()
+    gate.issue(AUTH_URL)
+    return gate
+
+
+def test_callback_with_our_state_is_taken_once() -> None:
+    gate = _gate()
     head = b"GET /callback?code=abc&state=s1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    assert parse_callback(head, "s1") == (200, CallbackResult(code="abc", state="s1"))
+    assert gate.judge(head) == Answer(200, result=CallbackResult(code="abc", state="s1"))
+    # The state is single-use: the same callback again (another code, or an error) is refused
+    # and leaves the login as it is.
+    for again in (head, b"GET /callback?error=access_denied&state=s1 HTTP/1.1\r\n\r\n"):
+        answer = gate.judge(again)
+        assert (answer.status, answer.result) == (400, None)
+        assert answer.refused == "a callback whose state was already used"
+    assert gate.judge(b"GET / HTTP/1.1\r\n\r\n").status == 410  # the start page too
 
 
 @pytest.mark.parametrize(
-    ("head", "status"),
+    ("head", "status", "refused"),
     [
-        (b"GET /callback?code=abc&state=other HTTP/1.1\r\n\r\n", 400),  # not our login
-        (b"GET /callback?code=abc HTTP/1.1\r\n\r\n", 400),
-        (b"GET /callback?state=s1 HTTP/1.1\r\n\r\n", 400),  # neither code nor error
-        (b"GET /favicon.ico HTTP/1.1\r\n\r\n", 404),
-        (b"POST /callback?code=abc&state=s1 HTTP/1.1\r\n\r\n", 405),
-        (b"garbage", 405),
+        (b"GET /callback?code=abc&state=other HTTP/1.1\r\n\r\n", 400, "another login's state"),
+        (b"GET /callback?code=abc HTTP/1.1\r\n\r\n", 400, "without a state"),
+        (b"GET /callback?state=s1 HTTP/1.1\r\n\r\n", 400, "neither a code nor an error"),
+        (b"GET /favicon.ico HTTP/1.1\r\n\r\n", 404, None),
+        (b"GET /?state=s1 HTTP/1.1\r\n\r\n", 404, None),
+        (b"POST /callback?code=abc&state=s1 HTTP/1.1\r\n\r\n", 405, None),
+        (b"garbage", 405, None),
+        (b"", 405, None),
     ],
 )
-def test_other_requests_to_the_listener_are_refused(head: bytes, status: int) -> None:
-    assert parse_callback(head, "s1") == (status, None)
+def test_other_requests_to_the_listener_are_refused_and_change_nothing(
+    head: bytes, status: int, refused: str | None
+) -> None:
+    gate = _gate()
+    answer = gate.judge(head)
+    assert (answer.status, answer.result, answer.location) == (status, None, None)
+    assert (refused is None) == (answer.refused is None)
+    assert refused is None or refused in (answer.refused or "")
+    # The login still waits for its own callback.
+    taken = gate.judge(b"GET /callback?code=abc&state=s1 HTTP/1.1\r\n\r\n")
+    assert taken.status == 200
+
+
+def test_the_start_page_redirects_to_the_authorization_url() -> None:
+    assert RedirectGate().judge(b"GET / HTTP/1.1\r\n\r\n").status == 410  # none yet
+    assert _gate().judge(b"GET / HTTP/1.1\r\n\r\n") == Answer(303, location=AUTH_URL)
+
+
+def test_a_state_is_bound_to_the_login_that_issued_it() -> None:
+    gate = _gate()
+    gate.issue("http://as.test/authorize?state=s2")  # the next login
+    assert gate.judge(b"GET /callback?code=abc&state=s1 HTTP/1.1\r\n\r\n").status == 400
+    assert gate.judge(b"GET /callback?code=abc&state=s2 HTTP/1.1\r\n\r\n").status == 200
 
 
 def test_callback_error_is_reported() -> None:
     head = b"GET /callback?error=access_denied&error_description=no&state=s1 HTTP/1.1\r\n\r\n"
-    _, result = parse_callback(head, "s1")
+    result = _gate().judge(head).result
     assert result is not None
     assert (result.error, result.error_description) == ("access_denied", "no")
+
+
+def test_an_oauth_failure_out_of_nested_groups_is_one_sentence() -> None:
+    from mcpool.pool._oauth import OAuthError, login_failure
+
+    inner = OAuthError("gh", "token", 'Token exchange failed (400): {"error":\n"invalid_grant"}')
+    group = ExceptionGroup("Exceptions from Trio nursery", [ExceptionGroup("x", [inner])])
+    assert login_failure("gh", group) is inner
+    assert inner.reason == (
+        "server 'gh': OAuth token request failed: Token exchange failed (400): "
+        '{"error": "invalid_grant"}'
+    )
+    plain = ExceptionGroup("g", [KeyError("client_id"), ValueError("bad\x1b[31m json")])
+    error = login_failure("gh", plain)
+    assert error.reason == (
+        "server 'gh': OAuth authorization failed: 'client_id'; bad\\x1b[31m json"
+    )
+    assert "ExceptionGroup" not in error.reason and "\n" not in error.reason
+    long = OAuthError("gh", "discovery", "x" * 5000)
+    assert len(long.reason) < 400 and long.reason.endswith("...")
 
 
 @pytest.mark.parametrize(
@@ -362,7 +425,7 @@ async def test_login_through_the_loopback_listener(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
 
-            def on_url(url: str) -> None:
+            def on_url(url: str, start_url: str) -> None:
                 urls.append(url)
                 nursery.start_soon(_browser, url, answers)
 
@@ -397,7 +460,7 @@ async def test_step_up_logins_are_bounded(tmp_path: Path) -> None:
         broker.state(key).needs_login = False  # as a login does
     assert broker.state(key).step_ups == MAX_STEP_UPS
     with pytest.raises(OAuthError, match="insufficient_scope after 3 logins"):
-        await broker.login(_identity(), lambda url: None)
+        await broker.login(_identity(), lambda url, start_url: None)
     broker.logout(_identity())
     assert broker.state(key).step_ups == 0
 
@@ -410,15 +473,16 @@ ORIGIN = "http://127.0.0.1:1"
 class GatedServer:
     """A streamable HTTP (or HTTP+SSE) MCP server that wants a bearer token for everything."""
 
-    def __init__(self) -> None:
+    def __init__(self, resource: str = f"{ORIGIN}/mcp") -> None:
         self.refused = 0
         self.registrations = 0
+        self.resource = resource  # what its protected resource metadata says it is
 
     async def handle(self, request: httpx2.Request) -> httpx2.Response:
         path = request.url.path
         if path == "/.well-known/oauth-protected-resource/mcp":
             return httpx2.Response(
-                200, json={"resource": f"{ORIGIN}/mcp", "authorization_servers": [ORIGIN]}
+                200, json={"resource": self.resource, "authorization_servers": [ORIGIN]}
             )
         if path == "/.well-known/oauth-authorization-server":
             return httpx2.Response(
@@ -516,6 +580,30 @@ async def test_an_entry_waits_in_needs_login_until_a_login_restarts_it(
     await pool.aclose()
 
 
+@pytest.mark.parametrize("kind", ["http", "sse"])
+async def test_an_oauth_step_that_fails_is_the_entrys_error_in_one_sentence(
+    kind: str, installed: Broker, nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    from mcpool.pool import Pool, PoolOptions
+    from mcpool.pool._http import HttpUpstream
+
+    server = GatedServer(resource=f"{ORIGIN}/another")
+
+    class Gated(HttpUpstream):
+        transport_factory = staticmethod(lambda: httpx2.MockTransport(server.handle))
+
+    pool = Pool(nursery, PoolOptions(), upstream_factory=Gated)
+    settings = ServerSettings(type=kind, url=f"{ORIGIN}/mcp")  # type: ignore[arg-type]
+    with trio.fail_after(WAIT):
+        handle = await pool.acquire(identity_of("gated", settings), settings, "s1", _Listener())
+    assert handle.entry.last_error == (
+        f"server 'gated': OAuth discovery failed: Protected resource {ORIGIN}/another does not "
+        f"match expected {ORIGIN}/mcp"
+    )
+    pool.release(handle)
+    await pool.aclose()
+
+
 class FakeKeyring:
     """The three calls of the `keyring` module the store makes."""
 
@@ -575,3 +663,128 @@ async def test_requests_with_a_valid_token_are_not_serialized(tmp_path: Path) ->
                 nursery.start_soon(post, 1)
                 await trio.sleep(0.01)
                 nursery.start_soon(post, 2)
+
+
+# -- the listener, on real sockets -----------------------------------------------------------
+
+
+async def _listener(lines: list[dict[str, Any]]) -> Any:
+    from mcpool.pool._oauth import CallbackListener
+
+    def log(level: str, msg: str, **fields: Any) -> None:
+        lines.append({"level": level, "msg": msg, **fields})
+
+    listener = await CallbackListener.bind("remote", 0, exact=False, log=log)
+    listener.gate.issue(AUTH_URL)
+    return listener
+
+
+async def _get(port: int, target: str) -> int | None:
+    """One request from our own uid: the answer's status (None: closed without one)."""
+    with trio.fail_after(WAIT):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+    return int(answer.split(b" ", 2)[1]) if answer else None
+
+
+async def test_silent_and_dribbling_connections_do_not_hold_up_the_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcpool.pool import _oauth
+
+    monkeypatch.setattr(_oauth, "CALLBACK_READ_TIMEOUT", 2.0)
+    listener = await _listener([])
+    dribbled = trio.Event()
+
+    async def dribble() -> None:
+        # One byte every 0.2 s, forever: a deadline per read would never cut it; the head's
+        # one deadline does.
+        stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
+        async with stream:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                while True:
+                    await stream.send_all(b"G")
+                    await trio.sleep(0.2)
+        dribbled.set()
+
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listener.serve)
+            silent = [await trio.open_tcp_stream("127.0.0.1", listener.port) for _ in range(10)]
+            nursery.start_soon(dribble)
+            assert await _get(listener.port, "/callback?code=abc&state=s1") == 200
+            assert not dribbled.is_set()  # answered while the others still hold theirs
+            assert await listener.wait() == CallbackResult(code="abc", state="s1")
+            await dribbled.wait()
+            for stream in silent:  # each was answered and closed at its deadline
+                answer = b""
+                while chunk := await stream.receive_some():
+                    answer += chunk
+                assert answer.startswith(b"HTTP/1.1 405 "), answer
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+    listener.close()
+
+
+async def test_a_head_past_its_byte_bound_ends_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcpool.pool import _oauth
+
+    monkeypatch.setattr(_oauth, "CALLBACK_READ_TIMEOUT", 3600.0)  # only the byte bound ends it
+    listener = await _listener([])
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listener.serve)
+            stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
+            async with stream:
+                # More than a head may hold, and no end of head: answered (or reset, with the
+                # rest unread) once MAX_CALLBACK_HEAD bytes came.
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await stream.send_all(b"GET /" + b"a" * (4 * _oauth.MAX_CALLBACK_HEAD))
+                    while await stream.receive_some():
+                        pass
+            assert await _get(listener.port, "/callback?code=abc&state=s1") == 200
+            nursery.cancel_scope.cancel()
+    listener.close()
+
+
+async def test_another_users_connections_are_closed_unread_and_logged_once_a_minute(
+    other_user: Any,
+) -> None:
+    lines: list[dict[str, Any]] = []
+    listener = await _listener(lines)
+    # The other user delivers our own callback (state and all) five times, as an attacker who
+    # read the authorization URL would: each connection is closed without an answer.
+    script = other_user.script(
+        "inject.py",
+        "import json, socket, sys\n"
+        "answers = []\n"
+        "for _ in range(5):\n"
+        f"    s = socket.create_connection(('127.0.0.1', {listener.port}), timeout=10)\n"
+        "    s.sendall(b'GET /callback?code=theirs&state=s1 HTTP/1.1\\r\\n\\r\\n')\n"
+        "    try:\n"
+        "        answers.append(s.recv(65536).decode())\n"
+        "    except OSError as exc:\n"
+        "        answers.append(type(exc).__name__)\n"
+        "print(json.dumps(answers))\n",
+    )
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listener.serve)
+            proc = other_user.popen(["/usr/bin/python3", str(script)], stdout=subprocess.PIPE)
+            out, _ = await trio.to_thread.run_sync(proc.communicate)
+            answers = json.loads(out)
+            assert all(not a.startswith("HTTP") for a in answers), answers
+            # Our own callback is still the one the login takes.
+            assert await _get(listener.port, "/callback?code=ours&state=s1") == 200
+            assert (await listener.wait()).code == "ours"
+            nursery.cancel_scope.cancel()
+    listener.close()
+    refusals = [line for line in lines if line.get("uid") == other_user.uid]
+    assert [r["count"] for r in refusals] == [1, 4], refusals  # at once, then at close
+    assert "another user" in refusals[0]["msg"]
