@@ -869,8 +869,8 @@ class HttpEndpoint:
             who = line.peer.describe(self.admission.owner) if line.peer else "peers"
             if line.first:
                 text = (
-                    f"refused an HTTP connection from {who}: {line.verdict.value}; further "
-                    f"refusals are counted, one line a {REFUSAL_LOG_PERIOD:g} s"
+                    f"refused an HTTP connection from {who}: {line.verdict.value}; more "
+                    f"refusals are counted, and logged every {REFUSAL_LOG_PERIOD:g} s"
                 )
             else:
                 text = (
