@@ -51,6 +51,7 @@ import ipaddress
 import math
 import os
 import secrets
+import socket
 import traceback
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -61,7 +62,7 @@ import msgspec
 import trio
 from msgspec import UNSET
 
-from mcpool.pool._peercred import peer_uid_off_loop
+from mcpool.pool._peercred import PeerUid, peer_uid_off_loop
 from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
@@ -114,6 +115,15 @@ CLOSE_BOUND = 1.0  # closing a connection's socket
 # The kernel is out of fds or memory: the accept loop pauses this long (trio's own choice).
 ACCEPT_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY = 0.1
+ACCEPT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})  # that peer left
+# Connections accepted per turn of the accept loop. A full batch means a flood: the loop then
+# rests FLOOD_REST times as long as the batch took, so that a flood of connections (another
+# uid's, refused) has at most a quarter of the loop and the sessions the rest. Smaller batches
+# cost the sessions less per turn; a slower drain keeps new connections (the owner's among the
+# attacker's, in the kernel's one queue) waiting longer (tools/bench/hostile_http.py).
+ACCEPT_BATCH = 8
+FLOOD_REST = 3.0
+LISTEN_BACKLOG = 4096  # the kernel's own cap (somaxconn) applies
 # After sessions end, the heap is trimmed once this much later (the sessions that end together,
 # a client's many DELETEs, are trimmed for once), then not again for TRIM_GAP.
 TRIM_DELAY = 1.0
@@ -545,6 +555,33 @@ def bind_is_loopback(host: str) -> bool:
 # -- the server ----------------------------------------------------------------------------------
 
 
+async def _listen(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking listening sockets on every address `host` names (as trio's
+    open_tcp_listeners makes them), all on one port: the accept loop accepts from them
+    directly, in batches."""
+    infos = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(listeners) > 1:  # the port the first was given, for all
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
 class _HttpSession:
     def __init__(self, sid: str, state: Any, outbox: SessionOutbox, *, ephemeral: bool) -> None:
         self.id = sid
@@ -733,15 +770,15 @@ class HttpEndpoint:
         self.admission = Admission(os.getuid())
         self.bodies = BodyBudget()
         self.refusals = RefusalTally()
+        self._uids = PeerUid()  # sock_diag, on the loop: an exact lookup takes microseconds
         self._session_ended = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         if not (self.allow_remote or bind_is_loopback(self.bind[0])):
             raise ValueError(f"refusing to serve on {self.bind[0]}: not loopback")
-        listeners = await trio.open_tcp_listeners(self.bind[1], host=self.bind[0])
-        sock = listeners[0].socket
-        self.port = sock.getsockname()[1]
+        listeners = await _listen(*self.bind)
+        self.port = listeners[0].getsockname()[1]
         self.host.log("info", "HTTP endpoint listening", url=f"http://{self._url_host()}{PATH}")
         try:
             async with trio.open_nursery() as nursery:
@@ -759,7 +796,8 @@ class HttpEndpoint:
                     self._log_tally(self.refusals.flush())
         finally:
             for listener in listeners:
-                listener.socket.close()
+                listener.close()
+            self._uids.close()
 
     def _url_host(self) -> str:
         host = self.bind[0]
@@ -767,43 +805,112 @@ class HttpEndpoint:
 
     # -- connections --------------------------------------------------------------------------
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        """The accept loop: a connection is let wait for its peer's uid only while fewer than
-        httpMaxPendingLookups do; the rest are closed as they come (an accept and a close)."""
+    async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
+        """The accept loop: it accepts in batches and decides each connection at once where the
+        kernel names its peer in microseconds (sock_diag): another uid's is closed right here,
+        unread, so a flood of them costs an accept, a lookup and a close each, and no task.
+        Under a flood (a full batch), it then rests (FLOOD_REST): most of the loop stays the
+        sessions'. The rest of the connections get a task each."""
         failing = False
         while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in ACCEPT_SHORTAGES:
-                    raise
-                if not failing:  # once per run of failures
-                    self.host.log("error", f"HTTP accept failed: {exc}")
-                failing = True
-                await trio.sleep(ACCEPT_RETRY)
-                continue
-            failing = False
-            if not self.admission.arrive(self.options().http_max_pending_lookups):
-                self._refused(Verdict.PENDING_FULL, None)
-                stream.socket.close()
-                continue
-            nursery.start_soon(self._connection, stream)
+            await trio.lowlevel.wait_readable(listener)
+            began = trio.current_time()
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    sock, _address = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if exc.errno in ACCEPT_GONE:
+                        continue  # that peer left while it was being accepted
+                    if exc.errno not in ACCEPT_SHORTAGES:
+                        raise
+                    if not failing:  # once per run of failures
+                        self.host.log("error", f"HTTP accept failed: {exc}")
+                    failing = True
+                    await trio.sleep(ACCEPT_RETRY)
+                    break
+                failing = False
+                self._admit(sock, nursery)
+            else:
+                await trio.sleep((trio.current_time() - began) * FLOOD_REST)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        """One connection's task: who it is from, then served or refused. Whatever goes wrong
-        in it ends this connection only (logged with its traceback), never the endpoint."""
+    def _admit(self, sock: socket.socket, nursery: trio.Nursery) -> None:
+        """A connection just accepted: closed (too many waiting for their uid; another uid's;
+        no uid known), or given a task (served, refused in HTTP, or waiting for a slow lookup)."""
+        opts = self.options()
+        if not self.admission.arrive(opts.http_max_pending_lookups):
+            self._refused(Verdict.PENDING_FULL, None)
+            sock.close()
+            return
+        peer = self._peer_now(sock)
+        if peer is None:  # the kernel has no sock_diag: asked off the loop, in the task
+            nursery.start_soon(self._connection, sock, None)
+            return
+        verdict = self.admission.identified(
+            peer,
+            max_open=opts.http_max_connections,
+            max_per_peer=opts.http_max_connections_per_uid,
+        )
+        if verdict is Verdict.SERVE or verdict in ANSWERED:
+            nursery.start_soon(self._connection, sock, (peer, verdict))
+            return
+        self._refused(verdict, peer)
+        sock.close()
+
+    def _peer_now(self, sock: socket.socket) -> Peer | None:
+        """Who is on the other end, where that is known at once: a remote address (with
+        --http-allow-remote), or a loopback peer's uid from sock_diag (X7: asked of the kernel
+        before a byte is read). None: the uid must be asked the slow way (`_peer_later`)."""
         try:
-            try:
-                peer = await self._peer_of(stream)
-            except BaseException:
-                self.admission.abandoned()
-                raise
-            opts = self.options()
-            verdict = self.admission.identified(
-                peer,
-                max_open=opts.http_max_connections,
-                max_per_peer=opts.http_max_connections_per_uid,
-            )
+            peer = sock.getpeername()
+            local = sock.getsockname()
+        except OSError:
+            return Peer(None)  # it left already
+        if self.allow_remote:  # (a loopback bind has loopback peers only)
+            ip = ipaddress.ip_address(peer[0])
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            if not ip.is_loopback:
+                return Peer(None, peer[0])
+        if not self._uids.available:
+            return None
+        uid = self._uids.lookup((peer[0], peer[1]), (local[0], local[1]))
+        return Peer(uid) if uid is not None or self._uids.available else None
+
+    async def _peer_later(self, sock: socket.socket) -> Peer:
+        try:
+            peer = sock.getpeername()
+            local = sock.getsockname()
+        except OSError:
+            return Peer(None)
+        return Peer(await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1])))
+
+    async def _connection(self, sock: socket.socket, decided: tuple[Peer, Verdict] | None) -> None:
+        """One connection's task: served, refused in HTTP, or first its peer looked up. Whatever
+        goes wrong in it ends this connection only (logged with its traceback), never the
+        endpoint."""
+        try:
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        except BaseException:
+            sock.close()
+            self._forget(decided)
+            raise
+        try:
+            if decided is None:
+                try:
+                    peer = await self._peer_later(sock)
+                except BaseException:
+                    self.admission.abandoned()
+                    raise
+                opts = self.options()
+                verdict = self.admission.identified(
+                    peer,
+                    max_open=opts.http_max_connections,
+                    max_per_peer=opts.http_max_connections_per_uid,
+                )
+            else:
+                peer, verdict = decided
             if verdict is Verdict.SERVE:
                 try:
                     await self._serve_connection(stream, peer)
@@ -826,19 +933,14 @@ class HttpEndpoint:
             with trio.move_on_after(CLOSE_BOUND, shield=True):
                 await stream.aclose()
 
-    async def _peer_of(self, stream: trio.SocketStream) -> Peer:
-        """A loopback peer's uid (X7: asked of the kernel before a byte is read), or a remote
-        peer's address (--http-allow-remote)."""
-        try:
-            peer = stream.socket.getpeername()
-            local = stream.socket.getsockname()
-        except OSError:
-            return Peer(None)  # it left already
-        if ipaddress.ip_address(peer[0]).is_loopback:
-            return Peer(await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1])))
-        if self.allow_remote:
-            return Peer(None, peer[0])
-        return Peer(None)
+    def _forget(self, decided: tuple[Peer, Verdict] | None) -> None:
+        """A connection whose task could not begin: its admission given back."""
+        if decided is None:
+            self.admission.abandoned()
+        elif decided[1] is Verdict.SERVE:
+            self.admission.left(decided[0])
+        else:
+            self.admission.answered()
 
     def _admission_reply(self, verdict: Verdict, peer: Peer) -> _Reply:
         opts = self.options()
