@@ -124,10 +124,12 @@ ACCEPT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})  # that
 ACCEPT_BATCH = 8
 FLOOD_REST = 3.0
 LISTEN_BACKLOG = 4096  # the kernel's own cap (somaxconn) applies
-# After sessions end, the heap is trimmed once this much later (the sessions that end together,
-# a client's many DELETEs, are trimmed for once), then not again for TRIM_GAP.
+# After sessions end (or a large body is done with), the heap is trimmed once this much later
+# (the sessions that end together, a client's many DELETEs, are trimmed for once), then not
+# again for TRIM_GAP.
 TRIM_DELAY = 1.0
 TRIM_GAP = 5.0
+TRIM_BODY_BYTES = 1024 * 1024  # a request body this large, once read or refused, trims too
 SETTINGS_HEADER = "x-mcpool-settings"
 SERVER_NAME = b"mcpool"
 
@@ -771,7 +773,7 @@ class HttpEndpoint:
         self.bodies = BodyBudget()
         self.refusals = RefusalTally()
         self._uids = PeerUid()  # sock_diag, on the loop: an exact lookup takes microseconds
-        self._session_ended = trio.Event()
+        self._freed = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -1000,9 +1002,9 @@ class HttpEndpoint:
         if trim is None:
             return
         while True:
-            await self._session_ended.wait()
+            await self._freed.wait()
             await trio.sleep(TRIM_DELAY)
-            self._session_ended = trio.Event()
+            self._freed = trio.Event()
             await trio.to_thread.run_sync(trim, abandon_on_cancel=True)
             await trio.sleep(TRIM_GAP)
 
@@ -1147,6 +1149,8 @@ class HttpEndpoint:
             )
         finally:
             self.bodies.release(reserved)
+            if reserved >= TRIM_BODY_BYTES:
+                self._freed.set()  # a large body's memory goes back too (_trim_heap)
 
     def _bodies_full(self, size: int, cap: int) -> _Reply:
         return limit_reply(
@@ -1574,7 +1578,7 @@ class HttpEndpoint:
             hs.outbox.on_idle = _nothing
             self.host.close_session(hs.state, reason)
             hs.ended.set()
-            self._session_ended.set()  # its memory goes back to the system (_trim_heap)
+            self._freed.set()  # its memory goes back to the system (_trim_heap)
 
 
 __all__ = [
