@@ -1464,14 +1464,17 @@ class HttpEndpoint:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
-                # The client may close the connection at any time; h11 keeps what it pipelines.
+                # The client may close the connection at any time; h11 keeps what it pipelines
+                # (a next request's head, at most: more ends the connection, unread).
                 nonlocal gone
+                pipelined = 0
                 while True:
                     try:
-                        data = await stream.receive_some(65536)
+                        data = await stream.receive_some(READ_CHUNK)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         data = b""
-                    if not data:
+                    pipelined += len(data)
+                    if not data or pipelined > MAX_HEADER_BYTES:
                         gone = True
                         nursery.cancel_scope.cancel()
                         return
@@ -1486,7 +1489,7 @@ class HttpEndpoint:
                 out.sent(chunk)
             nursery.cancel_scope.cancel()
         if gone:
-            raise trio.BrokenResourceError("the client closed the stream")
+            raise trio.BrokenResourceError("the client closed the stream, or sent too much")
         await self._send(stream, conn, h11.EndOfMessage())
 
     # -- sessions -----------------------------------------------------------------------------

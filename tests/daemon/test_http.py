@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from mcpool.daemon._http import (
+    HttpEndpoint,
     SessionOutbox,
     Stream,
     bind_is_loopback,
@@ -22,6 +24,7 @@ from mcpool.daemon._http import (
 )
 from mcpool.daemon._http_limits import (
     MAX_TALLIES,
+    REFUSAL_LOG_PERIOD,
     Admission,
     Peer,
     RefusalTally,
@@ -314,3 +317,48 @@ def test_http_options_have_defaults_and_read_their_camel_case_names() -> None:
     defaults = DaemonOptions()
     assert defaults.http_max_connections >= defaults.http_max_connections_per_uid > 0
     assert defaults.http_max_pending_body_bytes >= defaults.max_message_bytes
+
+
+class RecordingHost:
+    """A SessionHost that opens no session and keeps the log lines."""
+
+    config_path = "/nonexistent/config.json"
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def open_session(self, out: Any, *, name: str, sources: list[str], peer: str, via: str) -> Any:
+        raise AssertionError("no session here")
+
+    async def apply_to_session(self, state: Any) -> Any:
+        raise AssertionError("no session here")
+
+    def close_session(self, state: Any, reason: str) -> None:
+        raise AssertionError("no session here")
+
+    def log(self, level: str, message: str, **fields: Any) -> None:
+        self.lines.append((level, message, fields))
+
+
+async def test_the_endpoint_logs_a_uids_refusals_once_a_minute_with_their_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    host = RecordingHost()
+    endpoint = HttpEndpoint(host, ("127.0.0.1", 0))
+    other = Peer(1001)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(endpoint._log_refusals)
+        for _ in range(1000):
+            endpoint._refused(Verdict.FOREIGN, other)
+        assert [fields["count"] for _, _, fields in host.lines] == [1]
+        assert "uid 1001" in host.lines[0][1] and host.lines[0][2]["uid"] == 1001
+        await trio.sleep(REFUSAL_LOG_PERIOD - 1)
+        for _ in range(5):
+            endpoint._refused(Verdict.FOREIGN, other)
+        assert len(host.lines) == 1
+        await trio.sleep(REFUSAL_LOG_PERIOD / 4)  # the minute is over: its count falls due
+        assert [fields["count"] for _, _, fields in host.lines] == [1, 1004]
+        assert "refused 1004 more HTTP connections from uid 1001" in host.lines[1][1]
+        await trio.sleep(10 * REFUSAL_LOG_PERIOD)  # nothing more refused: nothing more said
+        assert len(host.lines) == 2
+        nursery.cancel_scope.cancel()

@@ -8,6 +8,7 @@ through the daemon's own options; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -358,6 +359,23 @@ async def test_bodies_past_the_pending_cap_get_503_before_they_are_read(
     await slow.aclose()
     status, _, answer = await exchange(port, whole)
     assert status == 400, answer
+
+
+async def test_bytes_sent_during_a_streamed_answer_past_a_heads_worth_end_the_connection(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """While a GET stream is open the client may pipeline its next request, no more: what it
+    sends is kept (by h11) until the stream ends, so it is bounded like a head."""
+    _, port = await http_daemon(daemon_factory)
+    sid = await initialize_session(port)
+    async with get_stream(port, sid) as (stream, _):
+        with trio.fail_after(STEP_TIMEOUT):
+            with contextlib.suppress(trio.BrokenResourceError):
+                for _ in range(64):
+                    await stream.send_all(b"x" * 4096)  # 256 KiB of anything
+            while not await at_eof(stream):
+                pass
+    assert await ping(port, sid) == 200  # the session itself goes on
 
 
 # -- (b) a stream-less session's messages are bounded in bytes -------------------------------------
