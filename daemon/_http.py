@@ -833,7 +833,15 @@ class HttpEndpoint:
                     await trio.sleep(ACCEPT_RETRY)
                     break
                 failing = False
-                self._admit(sock, nursery)
+                try:
+                    self._admit(sock, nursery)
+                except Exception as exc:  # the accept loop goes on, whatever one connection met
+                    sock.close()
+                    self.host.log(
+                        "error",
+                        f"HTTP connection not admitted: {type(exc).__name__}: {exc}",
+                        traceback=traceback.format_exc(),
+                    )
             else:
                 await trio.sleep((trio.current_time() - began) * FLOOD_REST)
 
@@ -845,7 +853,11 @@ class HttpEndpoint:
             self._refused(Verdict.PENDING_FULL, None)
             sock.close()
             return
-        peer = self._peer_now(sock)
+        try:
+            peer = self._peer_now(sock)
+        except BaseException:
+            self.admission.abandoned()
+            raise
         if peer is None:  # the kernel has no sock_diag: asked off the loop, in the task
             nursery.start_soon(self._connection, sock, None)
             return

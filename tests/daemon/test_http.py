@@ -6,11 +6,13 @@ No HTTP server here; tests/e2e/test_http*.py drive the real endpoint."""
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from other_user import OtherUser
 
 from mcpool.daemon._http import (
     HttpEndpoint,
@@ -32,6 +34,7 @@ from mcpool.daemon._http_limits import (
     Verdict,
 )
 from mcpool.daemon._settings import DaemonOptions, parse_settings
+from mcpool.pool import _peercred
 from mcpool.protocol import SettingsError, decode
 
 
@@ -361,4 +364,51 @@ async def test_the_endpoint_logs_a_uids_refusals_once_a_minute_with_their_count(
         assert "refused 1004 more HTTP connections from uid 1001" in host.lines[1][1]
         await trio.sleep(10 * REFUSAL_LOG_PERIOD)  # nothing more refused: nothing more said
         assert len(host.lines) == 2
+        nursery.cancel_scope.cancel()
+
+
+REFUSED_PROBE = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+try:
+    print("closed" if s.recv(1) == b"" else "answered", flush=True)
+except ConnectionResetError:
+    print("closed", flush=True)
+"""
+
+
+async def test_without_sock_diag_a_peers_uid_is_read_from_proc_off_the_loop(
+    other_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a kernel without sock_diag the endpoint still knows its peers: the owner is served and
+    another uid's connection closed unread, the uid read from /proc/net/tcp in a thread."""
+    host = RecordingHost()
+    endpoint = HttpEndpoint(host, ("127.0.0.1", 0))
+    endpoint._uids.available = False
+    monkeypatch.setattr(_peercred._SHARED, "available", False)
+    reads: list[object] = []
+    real = _peercred.proc_peer_uid
+
+    def counted(*args: Any) -> int | None:
+        reads.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_peercred, "proc_peer_uid", counted)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(endpoint.serve)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /elsewhere HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 404")
+            await stream.aclose()
+        script = other_user.script("probe.py", REFUSED_PROBE)
+        proc = other_user.popen(
+            ["/usr/bin/python3", str(script), str(port)], stdout=subprocess.PIPE
+        )
+        with trio.fail_after(20):
+            out, _ = await trio.to_thread.run_sync(proc.communicate)
+        assert out == b"closed\n"
+        assert len(reads) == 2  # both peers were looked up in /proc
+        (refusal,) = [fields for _, _, fields in host.lines if "refusal" in fields]
+        assert refusal["uid"] == other_user.uid and refusal["refusal"] == "foreign"
         nursery.cancel_scope.cancel()
