@@ -193,6 +193,21 @@ async def test_a_refused_head_is_answered_before_its_body_is_sent(
     assert got == 200, body
 
 
+async def test_a_head_past_its_size_bound_is_a_431_naming_the_bound(
+    daemon_factory: DaemonFactory,
+) -> None:
+    _, port = await http_daemon(daemon_factory)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    head = b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"p" * 200_000 + b"\r\n\r\n"
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(head)
+    with trio.fail_after(STEP_TIMEOUT):
+        status, _, body, closed = await read_reply(stream)
+    assert status == 431 and closed, body
+    assert limit_of(body)["limit"] == 65536
+    await stream.aclose()
+
+
 # -- (e) caps: connections, sessions, pending bodies ----------------------------------------------
 
 
