@@ -1144,7 +1144,7 @@ class HttpEndpoint:
                         if got > most:
                             raise _body_too_large(got, most)
                         if got > reserved:  # chunked: reserved as it comes
-                            if not self.bodies.reserve(got - reserved, cap):
+                            if not self.bodies.reserve(got - reserved, cap, held=reserved):
                                 raise self._bodies_full(got - reserved, cap)
                             reserved = got
                         chunks.append(bytes(event.data))

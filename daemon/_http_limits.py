@@ -123,13 +123,15 @@ class Admission:
 
 class BodyBudget:
     """Bytes of request bodies being read at once: reserved (a declared Content-Length whole,
-    a chunked body as it comes), given back when the body has been read or refused."""
+    a chunked body as it comes), given back when the body has been read or refused. A body
+    alone always fits (its own bound is maxMessageBytes, which may be set past the cap)."""
 
     def __init__(self) -> None:
         self.reserved = 0
 
-    def reserve(self, size: int, cap: int) -> bool:
-        if self.reserved + size > cap:
+    def reserve(self, size: int, cap: int, *, held: int = 0) -> bool:
+        """`size` more bytes for a body that holds `held` already."""
+        if self.reserved > held and self.reserved + size > cap:
             return False
         self.reserved += size
         return True

@@ -28,6 +28,7 @@ from mcpool.daemon._http_limits import (
     MAX_TALLIES,
     REFUSAL_LOG_PERIOD,
     Admission,
+    BodyBudget,
     Peer,
     RefusalTally,
     TallyLine,
@@ -412,3 +413,16 @@ async def test_without_sock_diag_a_peers_uid_is_read_from_proc_off_the_loop(
         (refusal,) = [fields for _, _, fields in host.lines if "refusal" in fields]
         assert refusal["uid"] == other_user.uid and refusal["refusal"] == "foreign"
         nursery.cancel_scope.cancel()
+
+
+def test_the_body_budget_refuses_past_its_cap_and_a_body_alone_always_fits() -> None:
+    budget = BodyBudget()
+    assert budget.reserve(700, cap=1000)
+    assert not budget.reserve(301, cap=1000)
+    assert budget.reserve(300, cap=1000)
+    budget.release(1000)
+    assert budget.reserve(5000, cap=1000)  # alone: maxMessageBytes bounds it
+    assert budget.reserve(100, cap=1000, held=5000)  # and it may grow (a chunked body)
+    assert not budget.reserve(1, cap=1000)
+    budget.release(5100)
+    assert budget.reserved == 0
