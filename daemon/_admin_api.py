@@ -287,6 +287,10 @@ class AdminApi(SettingsHost):
                     "settings_generation": s.settings_generation,
                     "pending_notifications": len(s.pending_kinds),
                     "notifications_sent": s.notifications_sent,
+                    # Bytes waiting for the client, and lossy messages (log, progress) dropped
+                    # for it (an HTTP session's writer counts them: daemon/_http.py).
+                    "queued_bytes": s.out.buffered,
+                    "dropped_messages": getattr(s.out, "dropped", 0),
                     "sources": st.sources,
                     "via": st.via,
                     "last_error": s.last_error,

@@ -598,8 +598,7 @@ class ConnectionServer(Explainer):
             self,
             (host, port),
             allow_remote=allow_remote,
-            max_body=self.options.max_message_bytes,
-            session_buffer=self.options.session_buffer_bytes,
+            options=lambda: self.options,
         )
         try:
             await endpoint.serve()

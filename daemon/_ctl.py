@@ -720,8 +720,9 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
         _print("no sessions")
         return
     table = _table(
-        "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING"
-    )
+        "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING",
+        "DROPPED",
+    )  # fmt: skip
     for session in sessions:
         table.add_row(
             _text(session.get("id")),
@@ -733,6 +734,7 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
             _text(", ".join(session.get("servers") or []) or None),
             _text(session.get("generation")),
             _text(session.get("pending_notifications")),
+            _text(session.get("dropped_messages")),
         )
     _print(table)
 

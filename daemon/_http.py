@@ -11,6 +11,17 @@ place:
   recently opened POST stream still waiting for a response, since it is almost always about that
   request; failing that, to the session's GET stream; failing that, it waits (bounded) for one.
 
+Every byte is bounded (X8). What waits for a session's client (on its streams, or for a GET
+stream it has not opened) counts against `sessionBufferBytes`; a lossy message (log, progress)
+is dropped and counted (`daemonctl sessions`) past half of it, or past STREAMLESS_LOSSY_BYTES
+while no stream is open, and a session is cut only for what it cannot lose. A request's head
+and its body each have one deadline (`httpHeadTimeout`, `httpBodyTimeout`), however their
+bytes are spread; Origin, Host and everything else the head decides are checked before the body
+is read. Connections (in all, per uid, waiting for their uid), HTTP sessions (the oldest idle
+is ended for a new one) and the bytes of bodies being read at once are capped by `daemon`
+options (daemon/_http_limits.py has the bookkeeping); each refusal is an HTTP error naming its
+limit and option. Memory freed by ended sessions is handed back to the system (malloc_trim).
+
 Sessions: `initialize` without an `Mcp-Session-Id` creates one (handshake era); later requests
 name it, and `DELETE` ends it, as does an idle timeout. A request without a session id that
 carries a modern `MCP-Protocol-Version` gets a session of its own that lasts as long as its POST
@@ -20,8 +31,12 @@ Settings: the daemon's config file, or the files named by `X-Mcpool-Settings`.
 Security: the endpoint binds loopback unless `--http-allow-remote`; a browser's `Origin` that is
 not a loopback origin is refused (403), and so is a non-loopback `Host` (DNS rebinding). Loopback
 TCP has no SO_PEERCRED, so the owner of a loopback peer's socket is asked of the kernel
-(`mcpool.pool._peercred`, sock_diag) and a peer of another uid is refused, as on the Unix
-socket (X1, X7).
+(`mcpool.pool._peercred`, sock_diag) and a peer of another uid is closed before a byte is read,
+as on the Unix socket (X1, X7); refusals are logged once a minute per uid, with a count.
+
+Shared tasks and their fences: the accept loop runs no peer input (an accept, the pending
+count, a spawn or a close); each connection's task is fenced (its error ends it, logged), each
+request within it (a 500), each HTTP session's tasks (its error ends that session).
 
 HTTP/1.1 is spoken with h11 (the sans-I/O parser the house style follows); it is imported only
 when the endpoint starts.
@@ -31,10 +46,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import ipaddress
 import math
 import os
 import secrets
+import socket
 import traceback
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -45,11 +62,12 @@ import msgspec
 import trio
 from msgspec import UNSET
 
-from mcpool.pool._peercred import peer_uid_off_loop
+from mcpool.pool._peercred import PeerUid, peer_uid_off_loop
 from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    MESSAGE_TOO_LARGE,
     META_PROTOCOL_VERSION,
     METHOD_NOT_FOUND,
     MODERN_VERSIONS,
@@ -67,6 +85,19 @@ from mcpool.protocol._headers import (
     header_mismatch,
 )
 
+from ._http_limits import (
+    ANSWERED,
+    REFUSAL_LOG_PERIOD,
+    Admission,
+    BodyBudget,
+    Peer,
+    RefusalTally,
+    TallyLine,
+    Verdict,
+    heap_trimmer,
+)
+from ._settings import DaemonOptions
+
 if TYPE_CHECKING:
     import h11
 
@@ -74,10 +105,31 @@ if TYPE_CHECKING:
 
 PATH = "/mcp"
 SESSION_IDLE = 600.0  # an HTTP session with no request and no open stream for this long ends
-HEADER_TIMEOUT = 30.0  # a request's head and body must arrive within this (slowloris bound)
 KEEPALIVE_IDLE = 120.0  # an idle keep-alive connection is closed after this
-BACKLOG_MESSAGES = 1000  # server messages kept for a GET stream that is not open (oldest dropped)
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024  # a request head larger than this is a 431
+READ_CHUNK = 65536
+# A refusal that ends its connection is sent, and what the peer still sends is read and dropped
+# (so that its answer is not lost to a reset), within this.
+REFUSAL_BOUND = 2.0
+CLOSE_BOUND = 1.0  # closing a connection's socket
+# The kernel is out of fds or memory: the accept loop pauses this long (trio's own choice).
+ACCEPT_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY = 0.1
+ACCEPT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})  # that peer left
+# Connections accepted per turn of the accept loop. A full batch means a flood: the loop then
+# rests FLOOD_REST times as long as the batch took, so that a flood of connections (another
+# uid's, refused) has at most a quarter of the loop and the sessions the rest. Smaller batches
+# cost the sessions less per turn; a slower drain keeps new connections (the owner's among the
+# attacker's, in the kernel's one queue) waiting longer (tools/bench/hostile_http.py).
+ACCEPT_BATCH = 8
+FLOOD_REST = 3.0
+LISTEN_BACKLOG = 4096  # the kernel's own cap (somaxconn) applies
+# After sessions end (or a large body is done with), the heap is trimmed once this much later
+# (the sessions that end together, a client's many DELETEs, are trimmed for once), then not
+# again for TRIM_GAP.
+TRIM_DELAY = 1.0
+TRIM_GAP = 5.0
+TRIM_BODY_BYTES = 1024 * 1024  # a request body this large, once read or refused, trims too
 SETTINGS_HEADER = "x-mcpool-settings"
 SERVER_NAME = b"mcpool"
 
@@ -108,8 +160,27 @@ def _key(msg_id: Any) -> tuple[str, Any]:
     return (type(msg_id).__name__, msg_id)
 
 
+# Lossy messages: the session may lose them (a log line, a progress step), so past a bound they
+# are dropped and counted rather than queued or the session cut (X8).
+LOSSY_METHODS = frozenset({"notifications/message", "notifications/progress"})
+# Lossy bytes kept for a session with no stream open (no GET stream, no POST waiting): nobody
+# reads them until a GET stream opens, so only a little of what a chatty server says is kept.
+STREAMLESS_LOSSY_BYTES = 128 * 1024
+# A lossy message is dropped once the session's queue would pass this share of
+# sessionBufferBytes: answers keep the rest, so a client that reads slowly loses log lines
+# before it is cut for not reading.
+LOSSY_SHARE = 2
+_SSE_HEAD = b"event: message\ndata: "
+_SSE_TAIL = b"\n\n"
+
+
 class Stream:
-    """One SSE (or JSON) response body the outbox can put messages on."""
+    """One SSE (or JSON) response body the outbox can put messages on.
+
+    `end` is the outbox's (its last message is queued: the connection sends what is left and
+    finishes the body); `close` is the connection's (it is done with the body, sent or not:
+    whatever is left unsent is dropped and given back to the session's byte count).
+    """
 
     def __init__(self, outbox: SessionOutbox, *, kind: str, json: bool = False) -> None:
         self.outbox = outbox
@@ -122,31 +193,63 @@ class Stream:
         self.error_reply: tuple[int, bytes] | None = None
         self.waiting: set[tuple[str, Any]] = set()
         self.tokens: set[tuple[str, Any]] = set()
-        self.responses: list[bytes] = []
-        self.queued = 0
+        self.responses: list[bytes] = []  # JSON mode: the answers so far
+        self.held = 0  # bytes in `responses`
+        self.queued = 0  # bytes put on the channel and not sent yet
+        self.ended = False
         self.closed = False
         self._send, self.receive = trio.open_memory_channel[bytes](math.inf)
 
+    def framed_size(self, line: bytes) -> int:
+        return len(line) if self.json else len(_SSE_HEAD) + len(line) + len(_SSE_TAIL)
+
     def put(self, line: bytes) -> None:
-        if self.closed:
+        """Queue one message for the client (the outbox has admitted its bytes)."""
+        if self.ended:
             return
         self.touched = True
-        chunk = line if self.json else b"event: message\ndata: " + line + b"\n\n"
+        chunk = line if self.json else _SSE_HEAD + line + _SSE_TAIL
         self.queued += len(chunk)
-        self.outbox.queued += len(chunk)
+        self.outbox.add(len(chunk))
         self._send.send_nowait(chunk)
+
+    def hold(self, line: bytes) -> None:
+        """JSON mode: keep an answer for the body that carries them all."""
+        self.responses.append(line)
+        self.held += len(line)
+        self.outbox.add(len(line))
+
+    def finish_json(self) -> None:
+        body = _json_body(self.responses)
+        self.responses = []
+        self.outbox.release(self.held)
+        self.held = 0
+        self.put(body)
 
     def sent(self, chunk: bytes) -> None:
         """The connection wrote `chunk` to the socket."""
         self.queued -= len(chunk)
         self.outbox.release(len(chunk))
 
+    def end(self) -> None:
+        """No more messages: the connection sends what is queued, then ends the body."""
+        if self.ended:
+            return
+        self.ended = True
+        self._send.close()
+        self.outbox.unroute(self)
+
     def close(self) -> None:
+        """The connection is done with this body: what it did not send is dropped."""
         if self.closed:
             return
+        self.end()
         self.closed = True
-        self._send.close()
-        self.outbox.detach(self)
+        self.receive.close()  # the last receiver: trio discards what is still buffered
+        self.outbox.release(self.queued + self.held)
+        self.queued = self.held = 0
+        self.responses = []
+        self.outbox.on_idle()
 
 
 def _nothing() -> None:
@@ -154,14 +257,29 @@ def _nothing() -> None:
 
 
 class SessionOutbox:
-    """The session's writer: routes every message it writes to one stream (see module doc)."""
+    """The session's writer: routes every message it writes to one stream (see module doc),
+    and bounds what waits for the client in bytes (X8).
 
-    def __init__(self, limit: int) -> None:
+    `queued` counts every byte held for the client: on streams, in answers a JSON body is
+    waiting for, and in the backlog of a session with no stream. A message that cannot be lost
+    cuts the session when the queue is past `sessionBufferBytes` (a message alone always fits);
+    a lossy one (a log message, progress) is dropped and counted (`dropped`) once the queue is
+    past half of it, or, with no stream open, once STREAMLESS_LOSSY_BYTES of them wait.
+    """
+
+    def __init__(self, limit: int, *, streamless_lossy: int = STREAMLESS_LOSSY_BYTES) -> None:
         self.limit = limit
+        self.lossy_limit = limit // LOSSY_SHARE
+        self.streamless_lossy = streamless_lossy
         self.queued = 0
+        self.dropped = 0  # lossy messages dropped (daemonctl sessions)
+        self.closed = False
         self.streams: list[Stream] = []  # open POST streams, oldest first
         self.get_stream: Stream | None = None
-        self.backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG_MESSAGES)
+        # With no stream to put them on: (line, lossy), oldest first, for the next GET stream.
+        self.backlog: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self.backlog_bytes = 0
+        self.backlog_lossy = 0
         self._drained = trio.Event()
         self._drained.set()
         self.on_idle: Callable[[], None] = _nothing
@@ -173,22 +291,52 @@ class SessionOutbox:
         return self.queued
 
     def write(self, data: bytes) -> None:
-        if self.queued > self.limit:
-            raise McpoolError(
-                f"the HTTP client stopped reading: more than {self.limit} bytes are waiting"
-            )
         for line in data.split(b"\n"):
             if line.strip():
                 self.route(line)
-        if self.queued:
-            self._drained = trio.Event() if self._drained.is_set() else self._drained
 
     def write_parts(self, parts: Sequence[bytes]) -> None:
         self.write(b"".join(parts))  # each line is routed whole (`route`)
 
+    def write_lossy(self, data: bytes) -> bool:
+        """A message the session may lose: queued if it fits its bound, else dropped and counted
+        (False). Never raises: the session is never cut for a lossy message."""
+        delivered = True
+        for line in data.split(b"\n"):
+            if line.strip():
+                delivered = self.route(line, lossy=True) and delivered
+        return delivered
+
     async def wait_drained(self) -> None:
         while self.queued:
             await self._drained.wait()
+
+    # accounting --------------------------------------------------------------------------------
+
+    def add(self, size: int) -> None:
+        self.queued += size
+        if self._drained.is_set() and self.queued:
+            self._drained = trio.Event()
+
+    def release(self, size: int) -> None:
+        self.queued -= size
+        if self.queued <= 0:
+            self.queued = 0
+            self._drained.set()
+
+    def _admit(self, size: int, lossy: bool) -> bool:
+        """May `size` more bytes wait for the client? False: a lossy message is dropped."""
+        if lossy:
+            if self.queued + size > self.lossy_limit:
+                self.dropped += 1
+                return False
+            return True
+        if self.queued and self.queued + size > self.limit:
+            raise McpoolError(
+                f"the HTTP client stopped reading: {self.queued} bytes are waiting for it, and "
+                f"more would pass the session's bound of {self.limit} (sessionBufferBytes)"
+            )
+        return True
 
     # routing -----------------------------------------------------------------------------------
 
@@ -203,73 +351,105 @@ class SessionOutbox:
         self.streams.append(stream)
 
     def open_get(self, stream: Stream) -> None:
+        """The session's GET stream opened: what waited for it goes on it first."""
         self.get_stream = stream
-        backlog, self.backlog = list(self.backlog), collections.deque(maxlen=BACKLOG_MESSAGES)
-        for line in backlog:
-            stream.put(line)
+        backlog, self.backlog = self.backlog, collections.deque()
+        self.release(self.backlog_bytes)
+        self.backlog_bytes = self.backlog_lossy = 0
+        for line, _lossy in backlog:
+            stream.put(line)  # admitted when it was kept
 
-    def route(self, line: bytes) -> None:
+    def route(self, line: bytes, *, lossy: bool = False) -> bool:
+        """Route one line the session wrote; False when a lossy message was dropped."""
+        if self.closed:
+            return False  # the session is ending: nobody to write to
         try:
             decoded = decode(line)
         except McpoolError:
-            return  # the session only writes what it encoded: nothing to route
-        for msg in decoded if isinstance(decoded, list) else [decoded]:
-            self._route_one(msg, line if not isinstance(decoded, list) else _encode(msg))
+            return True  # the session only writes what it encoded: nothing to route
+        if not isinstance(decoded, list):
+            return self._route_one(decoded, line, lossy)
+        delivered = True
+        for msg in decoded:
+            delivered = self._route_one(msg, _encode(msg), lossy) and delivered
+        return delivered
 
-    def _route_one(self, msg: Message, line: bytes) -> None:
+    def _route_one(self, msg: Message, line: bytes, lossy: bool) -> bool:
         if msg.method is UNSET:
-            key = _key(msg.id)
-            for stream in self.streams:
-                if key in stream.waiting:
-                    stream.waiting.discard(key)
-                    status = _error_status(msg) if stream.modern else 200
-                    if status != 200 and not stream.touched and not stream.waiting:
-                        stream.error_reply = (status, line)
-                        stream.close()
-                        return
-                    if stream.json:
-                        stream.responses.append(line)
-                    else:
-                        stream.put(line)
-                    if not stream.waiting:
-                        if stream.json:
-                            stream.put(_json_body(stream.responses))
-                        stream.close()
-                    return
-            return  # its stream is gone (the client disconnected): nobody to tell
+            self._answer(msg, line)
+            return True
+        lossy = lossy or msg.method in LOSSY_METHODS
         if msg.method == "notifications/progress":
             token = _progress_token(msg)
             for stream in self.streams:
                 if token is not None and _key(token) in stream.tokens and not stream.json:
-                    stream.put(line)
-                    return
+                    return self._offer(stream, line, lossy)
         for stream in reversed(self.streams):
             if not stream.json and stream.waiting:
-                stream.put(line)
-                return
+                return self._offer(stream, line, lossy)
         if self.get_stream is not None:
-            self.get_stream.put(line)
-        else:
-            self.backlog.append(line)
+            return self._offer(self.get_stream, line, lossy)
+        return self._keep(line, lossy)
 
-    def detach(self, stream: Stream) -> None:
+    def _answer(self, msg: Message, line: bytes) -> None:
+        """A response goes to the stream of its request (none: its client left)."""
+        key = _key(msg.id)
+        for stream in self.streams:
+            if key in stream.waiting:
+                stream.waiting.discard(key)
+                status = _error_status(msg) if stream.modern else 200
+                if status != 200 and not stream.touched and not stream.waiting:
+                    stream.error_reply = (status, line)
+                    stream.end()
+                    return
+                if stream.json:
+                    self._admit(len(line), lossy=False)
+                    stream.hold(line)
+                else:
+                    self._admit(stream.framed_size(line), lossy=False)
+                    stream.put(line)
+                if not stream.waiting:
+                    if stream.json:
+                        stream.finish_json()
+                    stream.end()
+                return
+
+    def _offer(self, stream: Stream, line: bytes, lossy: bool) -> bool:
+        if not self._admit(stream.framed_size(line), lossy):
+            return False
+        stream.put(line)
+        return True
+
+    def _keep(self, line: bytes, lossy: bool) -> bool:
+        """No stream: keep it for the next GET stream, within the bounds."""
+        size = len(line)
+        if lossy and self.backlog_lossy + size > self.streamless_lossy:
+            self.dropped += 1
+            return False
+        if not self._admit(size, lossy):
+            return False
+        self.backlog.append((line, lossy))
+        self.backlog_bytes += size
+        if lossy:
+            self.backlog_lossy += size
+        self.add(size)
+        return True
+
+    def unroute(self, stream: Stream) -> None:
+        """`stream` takes no more messages."""
         if stream in self.streams:
             self.streams.remove(stream)
         if self.get_stream is stream:
             self.get_stream = None
-        self.release(stream.queued)
-        stream.queued = 0
-        self.on_idle()
-
-    def release(self, size: int) -> None:
-        self.queued -= size
-        if self.queued <= 0:
-            self.queued = 0
-            self._drained.set()
 
     def close(self) -> None:
+        """The session ended: every stream ends, and nothing is kept for it any more."""
+        self.closed = True
         for stream in [*self.streams, *([self.get_stream] if self.get_stream else [])]:
-            stream.close()
+            stream.end()
+        self.backlog.clear()
+        self.release(self.backlog_bytes)
+        self.backlog_bytes = self.backlog_lossy = 0
 
 
 def _progress_token(msg: Message) -> Any:
@@ -377,6 +557,33 @@ def bind_is_loopback(host: str) -> bool:
 # -- the server ----------------------------------------------------------------------------------
 
 
+async def _listen(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking listening sockets on every address `host` names (as trio's
+    open_tcp_listeners makes them), all on one port: the accept loop accepts from them
+    directly, in batches."""
+    infos = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(listeners) > 1:  # the port the first was given, for all
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
 class _HttpSession:
     def __init__(self, sid: str, state: Any, outbox: SessionOutbox, *, ephemeral: bool) -> None:
         self.id = sid
@@ -384,6 +591,7 @@ class _HttpSession:
         self.outbox = outbox
         self.ephemeral = ephemeral
         self.idle = trio.CancelScope(deadline=math.inf)
+        self.last_used = trio.current_time()  # the oldest idle session is evicted first
         self.ended = trio.Event()
 
     @property
@@ -391,9 +599,13 @@ class _HttpSession:
         session: Session = self.state.session
         return session
 
+    @property
+    def busy(self) -> bool:
+        return bool(self.outbox.streams) or self.outbox.get_stream is not None
+
     def touch(self) -> None:
-        busy = self.outbox.streams or self.outbox.get_stream is not None
-        self.idle.deadline = math.inf if busy else trio.current_time() + SESSION_IDLE
+        self.last_used = now = trio.current_time()
+        self.idle.deadline = math.inf if self.busy else now + SESSION_IDLE
 
 
 class _ConnectionOver(Exception):
@@ -401,15 +613,22 @@ class _ConnectionOver(Exception):
 
 
 class _Reply(Exception):
-    """A plain (non-streamed) HTTP answer, raised from anywhere in a request's handling."""
+    """A plain (non-streamed) HTTP answer, raised from anywhere in a request's handling.
+    `close`: the connection ends after it (what is left of the request is not read)."""
 
     def __init__(
-        self, status: int, body: bytes = b"", headers: list[tuple[str, str]] | None = None
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+        *,
+        close: bool = False,
     ):
         super().__init__(status)
         self.status = status
         self.body = body
         self.headers = headers or []
+        self.close = close
 
 
 def _reason(status: int) -> bytes:
@@ -422,6 +641,56 @@ def _reason(status: int) -> bytes:
 def _rpc_error(status: int, code: int, message: str, reason: str, msg_id: Any = None) -> _Reply:
     body = error_response(msg_id, code, message, {"reason": reason}).rstrip(b"\n")
     return _Reply(status, body, [("content-type", "application/json")])
+
+
+def limit_reply(
+    status: int,
+    message: str,
+    reason: str,
+    option: str | None,
+    value: float,
+    *,
+    close: bool = True,
+) -> _Reply:
+    """A refusal for a limit: says which, its value and the `daemon` option that sets it (None:
+    a fixed one). `close`: the connection ends after it. 503 and 429 say when to retry."""
+    data: dict[str, Any] = {"reason": reason, "limit": value}
+    if option is not None:
+        data["option"] = f"daemon.{option}"
+    body = error_response(None, INVALID_REQUEST, message, data).rstrip(b"\n")
+    headers = [("content-type", "application/json")]
+    if status in (503, 429):
+        headers.append(("retry-after", "1"))
+    return _Reply(status, body, headers, close=close)
+
+
+def reply_bytes(reply: _Reply) -> bytes:
+    """A whole HTTP/1.1 response that ends its connection, made without h11 (for a connection
+    whose request was never read whole, or never read at all)."""
+    head = [f"HTTP/1.1 {reply.status} {_reason(reply.status).decode()}"]
+    head += [f"{name}: {value}" for name, value in reply.headers]
+    head += [
+        f"server: {SERVER_NAME.decode()}",
+        f"content-length: {len(reply.body)}",
+        "connection: close",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + reply.body
+
+
+def _content_length(headers: dict[str, str]) -> int | None:
+    """The declared body length (h11 has refused a malformed one), None for a chunked body."""
+    value = headers.get("content-length")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _body_too_large(size: int, most: int) -> _Reply:
+    data = {
+        "reason": f"the request body is {size} bytes or more, past the {most} a message may be",
+        "option": "daemon.maxMessageBytes",
+        "limit": most,
+    }
+    body = error_response(None, MESSAGE_TOO_LARGE, "Request body too large", data).rstrip(b"\n")
+    return _Reply(413, body, [("content-type", "application/json")], close=True)
 
 
 # Every version the endpoint accepts in MCP-Protocol-Version: the handshake era's (negotiated by
@@ -482,39 +751,55 @@ def modern_refusal(version: str | None, msg: Message, headers: dict[str, str]) -
 
 
 class HttpEndpoint:
+    """The `--http` server: its connections (admitted by `Admission`, daemon/_http_limits.py),
+    its requests and its sessions. `options` gives the daemon's current options; each limit is
+    read when it is applied, so a settings change applies to what comes next."""
+
     def __init__(
         self,
         host: SessionHost,
         bind: tuple[str, int],
         *,
         allow_remote: bool = False,
-        max_body: int = 16 * 1024 * 1024,
-        session_buffer: int = 8 * 1024 * 1024,
+        options: Callable[[], DaemonOptions] = DaemonOptions,
     ) -> None:
         self.host = host
         self.bind = bind
         self.allow_remote = allow_remote
-        self.max_body = max_body
-        self.session_buffer = session_buffer
+        self.options = options
         self.sessions: dict[str, _HttpSession] = {}
         self.port: int | None = None
+        self.admission = Admission(os.getuid())
+        self.bodies = BodyBudget()
+        self.refusals = RefusalTally()
+        self._uids = PeerUid()  # sock_diag, on the loop: an exact lookup takes microseconds
+        self._freed = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         if not (self.allow_remote or bind_is_loopback(self.bind[0])):
             raise ValueError(f"refusing to serve on {self.bind[0]}: not loopback")
-        listeners = await trio.open_tcp_listeners(self.bind[1], host=self.bind[0])
-        sock = listeners[0].socket
-        self.port = sock.getsockname()[1]
+        listeners = await _listen(*self.bind)
+        self.port = listeners[0].getsockname()[1]
         self.host.log("info", "HTTP endpoint listening", url=f"http://{self._url_host()}{PATH}")
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started(self.port)
-            try:
-                await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
-            finally:
-                for hs in list(self.sessions.values()):
-                    hs.session.close("the daemon is shutting down")
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    nursery.start_soon(self._log_refusals)
+                    nursery.start_soon(self._trim_heap)
+                    for listener in listeners:
+                        nursery.start_soon(self._accept, listener, nursery)
+                    task_status.started(self.port)
+                    await trio.sleep_forever()
+                finally:
+                    for hs in list(self.sessions.values()):
+                        hs.session.close("the daemon is shutting down")
+                    self._log_tally(self.refusals.flush())
+        finally:
+            for listener in listeners:
+                listener.close()
+            self._uids.close()
 
     def _url_host(self) -> str:
         host = self.bind[0]
@@ -522,40 +807,266 @@ class HttpEndpoint:
 
     # -- connections --------------------------------------------------------------------------
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
+        """The accept loop: it accepts in batches and decides each connection at once where the
+        kernel names its peer in microseconds (sock_diag): another uid's is closed right here,
+        unread, so a flood of them costs an accept, a lookup and a close each, and no task.
+        Under a flood (a full batch), it then rests (FLOOD_REST): most of the loop stays the
+        sessions'. The rest of the connections get a task each."""
+        failing = False
+        while True:
+            await trio.lowlevel.wait_readable(listener)
+            began = trio.current_time()
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    sock, _address = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if exc.errno in ACCEPT_GONE:
+                        continue  # that peer left while it was being accepted
+                    if exc.errno not in ACCEPT_SHORTAGES:
+                        raise
+                    if not failing:  # once per run of failures
+                        self.host.log("error", f"HTTP accept failed: {exc}")
+                    failing = True
+                    await trio.sleep(ACCEPT_RETRY)
+                    break
+                failing = False
+                try:
+                    self._admit(sock, nursery)
+                except Exception as exc:  # the accept loop goes on, whatever one connection met
+                    sock.close()
+                    self.host.log(
+                        "error",
+                        f"HTTP connection not admitted: {type(exc).__name__}: {exc}",
+                        traceback=traceback.format_exc(),
+                    )
+            else:
+                await trio.sleep((trio.current_time() - began) * FLOOD_REST)
+
+    def _admit(self, sock: socket.socket, nursery: trio.Nursery) -> None:
+        """A connection just accepted: closed (too many waiting for their uid; another uid's;
+        no uid known), or given a task (served, refused in HTTP, or waiting for a slow lookup)."""
+        opts = self.options()
+        if not self.admission.arrive(opts.http_max_pending_lookups):
+            self._refused(Verdict.PENDING_FULL, None)
+            sock.close()
+            return
+        try:
+            peer = self._peer_now(sock)
+        except BaseException:
+            self.admission.abandoned()
+            raise
+        if peer is None:  # the kernel has no sock_diag: asked off the loop, in the task
+            nursery.start_soon(self._connection, sock, None)
+            return
+        verdict = self.admission.identified(
+            peer,
+            max_open=opts.http_max_connections,
+            max_per_peer=opts.http_max_connections_per_uid,
+        )
+        if verdict is Verdict.SERVE or verdict in ANSWERED:
+            nursery.start_soon(self._connection, sock, (peer, verdict))
+            return
+        self._refused(verdict, peer)
+        sock.close()
+
+    def _peer_now(self, sock: socket.socket) -> Peer | None:
+        """Who is on the other end, where that is known at once: a remote address (with
+        --http-allow-remote), or a loopback peer's uid from sock_diag (X7: asked of the kernel
+        before a byte is read). None: the uid must be asked the slow way (`_peer_later`)."""
+        try:
+            peer = sock.getpeername()
+            local = sock.getsockname()
+        except OSError:
+            return Peer(None)  # it left already
+        if self.allow_remote:  # (a loopback bind has loopback peers only)
+            ip = ipaddress.ip_address(peer[0])
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            if not ip.is_loopback:
+                return Peer(None, peer[0])
+        if not self._uids.available:
+            return None
+        uid = self._uids.lookup((peer[0], peer[1]), (local[0], local[1]))
+        return Peer(uid) if uid is not None or self._uids.available else None
+
+    async def _peer_later(self, sock: socket.socket) -> Peer:
+        try:
+            peer = sock.getpeername()
+            local = sock.getsockname()
+        except OSError:
+            return Peer(None)
+        return Peer(await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1])))
+
+    async def _connection(self, sock: socket.socket, decided: tuple[Peer, Verdict] | None) -> None:
+        """One connection's task: served, refused in HTTP, or first its peer looked up. Whatever
+        goes wrong in it ends this connection only (logged with its traceback), never the
+        endpoint."""
+        try:
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        except BaseException:
+            sock.close()
+            self._forget(decided)
+            raise
+        try:
+            if decided is None:
+                try:
+                    peer = await self._peer_later(sock)
+                except BaseException:
+                    self.admission.abandoned()
+                    raise
+                opts = self.options()
+                verdict = self.admission.identified(
+                    peer,
+                    max_open=opts.http_max_connections,
+                    max_per_peer=opts.http_max_connections_per_uid,
+                )
+            else:
+                peer, verdict = decided
+            if verdict is Verdict.SERVE:
+                try:
+                    await self._serve_connection(stream, peer)
+                finally:
+                    self.admission.left(peer)
+                return
+            self._refused(verdict, peer)
+            if verdict in ANSWERED:
+                try:
+                    await self._send_refusal(stream, self._admission_reply(verdict, peer))
+                finally:
+                    self.admission.answered()
+        except Exception as exc:  # one connection must never end the endpoint
+            self.host.log(
+                "error",
+                f"HTTP connection failed: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+        finally:
+            with trio.move_on_after(CLOSE_BOUND, shield=True):
+                await stream.aclose()
+
+    def _forget(self, decided: tuple[Peer, Verdict] | None) -> None:
+        """A connection whose task could not begin: its admission given back."""
+        if decided is None:
+            self.admission.abandoned()
+        elif decided[1] is Verdict.SERVE:
+            self.admission.left(decided[0])
+        else:
+            self.admission.answered()
+
+    def _admission_reply(self, verdict: Verdict, peer: Peer) -> _Reply:
+        opts = self.options()
+        if verdict is Verdict.TOO_MANY:
+            return limit_reply(
+                503,
+                "Too many connections",
+                f"{self.admission.open} HTTP connections are open, the most the daemon takes",
+                "httpMaxConnections",
+                opts.http_max_connections,
+            )
+        return limit_reply(
+            429,
+            "Too many connections",
+            f"{peer.describe(self.admission.owner)} has "
+            f"{self.admission.by_peer.get(peer, 0)} HTTP connections open, the most one may",
+            "httpMaxConnectionsPerUid",
+            opts.http_max_connections_per_uid,
+        )
+
+    def _refused(self, verdict: Verdict, peer: Peer | None) -> None:
+        line = self.refusals.refused(verdict, peer, trio.current_time())
+        if line is not None:
+            self._log_tally([line])
+
+    def _log_tally(self, lines: list[TallyLine]) -> None:
+        for line in lines:
+            who = line.peer.describe(self.admission.owner) if line.peer else "peers"
+            if line.first:
+                text = (
+                    f"refused an HTTP connection from {who}: {line.verdict.value}; more "
+                    f"refusals are counted, and logged every {REFUSAL_LOG_PERIOD:g} s"
+                )
+            else:
+                text = (
+                    f"refused {line.times} more HTTP connection{'s' if line.times > 1 else ''} "
+                    f"from {who} since the last line: {line.verdict.value}"
+                )
+            fields: dict[str, Any] = {"count": line.times, "refusal": line.verdict.name.lower()}
+            if line.peer is not None:
+                fields["uid"] = line.peer.uid
+                if line.peer.address is not None:
+                    fields["address"] = line.peer.address
+            self.host.log("warning", text, **fields)
+
+    async def _log_refusals(self) -> None:
+        """The counts of refusals whose minute is over, logged as they fall due."""
+        while True:
+            await trio.sleep(self.refusals.period / 4)
+            self._log_tally(self.refusals.due(trio.current_time()))
+
+    async def _trim_heap(self) -> None:
+        """Memory freed by ended sessions goes back to the system (glibc keeps it otherwise:
+        a flood's messages freed left the daemon at 1 GB). Sessions that end together are
+        trimmed for once, at most once per TRIM_GAP; in a worker thread, off the loop."""
+        trim = heap_trimmer()
+        if trim is None:
+            return
+        while True:
+            await self._freed.wait()
+            await trio.sleep(TRIM_DELAY)
+            self._freed = trio.Event()
+            await trio.to_thread.run_sync(trim, abandon_on_cancel=True)
+            await trio.sleep(TRIM_GAP)
+
+    async def _send_refusal(self, stream: trio.SocketStream, reply: _Reply) -> None:
+        """Send a refusal that ends the connection, then read what the peer still sends (and
+        drop it) until it closes: closing with unread input resets the connection, and a
+        client could lose the answer. Bounded in time and in bytes."""
+        with trio.move_on_after(REFUSAL_BOUND):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await stream.send_all(reply_bytes(reply))
+                await stream.send_eof()
+                dropped = 0
+                while dropped < self.options().max_message_bytes:
+                    data = await stream.receive_some(READ_CHUNK)
+                    if not data:
+                        return
+                    dropped += len(data)
+
+    async def _serve_connection(self, stream: trio.SocketStream, peer: Peer) -> None:
         import h11
 
+        loopback = peer.address is None
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         try:
-            peer = stream.socket.getpeername()
-            local = stream.socket.getsockname()
-            peer_loopback = ipaddress.ip_address(peer[0]).is_loopback
-            if peer_loopback:
-                uid = await peer_uid_off_loop((peer[0], peer[1]), (local[0], local[1]))
-                if uid != os.getuid():
-                    self.host.log(
-                        "warning", "refused an HTTP connection from another user", uid=uid
-                    )
-                    await stream.aclose()
-                    return
-            elif not self.allow_remote:
-                await stream.aclose()
-                return
-            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+            fresh = True
             while True:
-                got = await self._read_request(stream, conn)
-                if got is None:
+                request = await self._read_head(stream, conn, fresh=fresh)
+                if request is None:
                     break
-                request, body = got
-                await self._respond(stream, conn, request, body, peer_loopback)
+                fresh = False
+                await self._respond(stream, conn, request, loopback)
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     break
                 conn.start_next_cycle()
+        except _Reply as refusal:  # a limit that ends the connection
+            await self._send_refusal(stream, refusal)
         except h11.RemoteProtocolError as exc:
             # Not HTTP (or broken HTTP): say so when a response can still start, then close.
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                with trio.move_on_after(1.0), contextlib.suppress(Exception):
+                if exc.error_status_hint == 431:
+                    reply = limit_reply(
+                        431,
+                        "Request header fields too large",
+                        f"the request head is larger than {MAX_HEADER_BYTES} bytes",
+                        None,
+                        MAX_HEADER_BYTES,
+                    )
+                else:
                     reply = _Reply(exc.error_status_hint, f"bad request: {exc}".encode())
-                    await self._send_plain(stream, conn, reply, close=True)
+                await self._send_refusal(stream, reply)
         except (
             trio.BrokenResourceError,
             trio.ClosedResourceError,
@@ -564,49 +1075,104 @@ class HttpEndpoint:
             _ConnectionOver,
         ):
             pass  # the client went away or spoke broken HTTP: only its connection ends
-        except Exception as exc:  # one connection must never end the endpoint
-            self.host.log(
-                "error",
-                f"HTTP connection failed: {type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(),
-            )
-        finally:
-            with trio.move_on_after(1.0, shield=True):
-                await stream.aclose()
 
-    async def _read_request(
-        self, stream: trio.SocketStream, conn: h11.Connection
-    ) -> tuple[h11.Request, bytes] | None:
+    async def _read_head(
+        self, stream: trio.SocketStream, conn: h11.Connection, *, fresh: bool
+    ) -> h11.Request | None:
+        """The next request's head, or None when the client closed or stayed idle. A head has
+        one deadline (httpHeadTimeout) from its first byte, or from the accept for a new
+        connection, however its bytes are spread out: a client dribbling a head gets a 408."""
         import h11
 
-        request: h11.Request | None = None
-        body = bytearray()
-        first = True
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                bound = KEEPALIVE_IDLE if first and request is None else HEADER_TIMEOUT
-                with trio.move_on_after(bound) as scope:
-                    data = await stream.receive_some(65536)
-                if scope.cancelled_caught:
-                    return None
-                first = False
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > self.max_body:
-                    await self._send_plain(
-                        stream, conn, _Reply(413, b"request body too large"), close=True
-                    )
-                    return None
-            elif isinstance(event, h11.EndOfMessage):
-                assert request is not None
-                return request, bytes(body)
-            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+        event = conn.next_event()
+        if event is h11.NEED_DATA and not fresh:
+            with trio.move_on_after(KEEPALIVE_IDLE) as idle:
+                conn.receive_data(await stream.receive_some(READ_CHUNK))
+            if idle.cancelled_caught:
                 return None
+            event = conn.next_event()
+        timeout = self.options().http_head_timeout
+        heard = not fresh
+        with trio.move_on_after(timeout) as scope:
+            while event is h11.NEED_DATA:
+                data = await stream.receive_some(READ_CHUNK)
+                heard = heard or bool(data)
+                conn.receive_data(data)
+                event = conn.next_event()
+        if scope.cancelled_caught:
+            if not heard:
+                return None  # connected and said nothing: closed without a word
+            raise limit_reply(
+                408,
+                "Request Timeout",
+                f"the request head did not arrive whole within {timeout:g} s",
+                "httpHeadTimeout",
+                timeout,
+            )
+        return event if isinstance(event, h11.Request) else None
+
+    async def _read_body(
+        self, stream: trio.SocketStream, conn: h11.Connection, headers: dict[str, str]
+    ) -> bytes:
+        """The request's body, read within one deadline (httpBodyTimeout), no larger than
+        maxMessageBytes, and only while the bodies being read at once stay within
+        httpMaxPendingBodyBytes (a declared length is reserved whole before a byte is read)."""
+        import h11
+
+        opts = self.options()
+        most = opts.max_message_bytes
+        cap = opts.http_max_pending_body_bytes
+        declared = _content_length(headers)
+        if declared is not None and declared > most:
+            raise _body_too_large(declared, most)
+        reserved = declared or 0
+        if not self.bodies.reserve(reserved, cap):
+            raise self._bodies_full(reserved, cap)
+        try:
+            if conn.they_are_waiting_for_100_continue:
+                go_on = h11.InformationalResponse(status_code=100, headers=[])
+                await self._send(stream, conn, go_on)
+            chunks: list[bytes] = []
+            got = 0
+            with trio.move_on_after(opts.http_body_timeout):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(READ_CHUNK))
+                    elif isinstance(event, h11.Data):
+                        got += len(event.data)
+                        if got > most:
+                            raise _body_too_large(got, most)
+                        if got > reserved:  # chunked: reserved as it comes
+                            if not self.bodies.reserve(got - reserved, cap, held=reserved):
+                                raise self._bodies_full(got - reserved, cap)
+                            reserved = got
+                        chunks.append(bytes(event.data))
+                    elif isinstance(event, h11.EndOfMessage):
+                        return b"".join(chunks)
+                    else:
+                        raise _ConnectionOver()
+            raise limit_reply(
+                408,
+                "Request Timeout",
+                f"the request body did not arrive whole within {opts.http_body_timeout:g} s",
+                "httpBodyTimeout",
+                opts.http_body_timeout,
+            )
+        finally:
+            self.bodies.release(reserved)
+            if reserved >= TRIM_BODY_BYTES:
+                self._freed.set()  # a large body's memory goes back too (_trim_heap)
+
+    def _bodies_full(self, size: int, cap: int) -> _Reply:
+        return limit_reply(
+            503,
+            "Too many request bodies",
+            f"{self.bodies.reserved} bytes of request bodies are being read already; "
+            f"{size} more would pass the daemon's bound",
+            "httpMaxPendingBodyBytes",
+            cap,
+        )
 
     async def _send(self, stream: trio.SocketStream, conn: h11.Connection, event: Any) -> None:
         data = conn.send(event)
@@ -614,7 +1180,7 @@ class HttpEndpoint:
             await stream.send_all(data)
 
     async def _send_plain(
-        self, stream: trio.SocketStream, conn: h11.Connection, reply: _Reply, close: bool = False
+        self, stream: trio.SocketStream, conn: h11.Connection, reply: _Reply
     ) -> None:
         import h11
 
@@ -623,8 +1189,6 @@ class HttpEndpoint:
             ("content-length", str(len(reply.body))),
             *reply.headers,
         ]
-        if close:
-            headers.append(("connection", "close"))
         await self._send(
             stream,
             conn,
@@ -641,7 +1205,6 @@ class HttpEndpoint:
         stream: trio.SocketStream,
         conn: h11.Connection,
         request: h11.Request,
-        body: bytes,
         peer_loopback: bool,
     ) -> None:
         import h11
@@ -650,10 +1213,25 @@ class HttpEndpoint:
         # byte, so a value is text whatever the client sent.
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
         try:
+            try:
+                self._check_head(request, headers)
+            except _Reply:
+                # Refused on its head. A request with no body is over once its end is seen
+                # (its connection is kept); one with a body is answered with the body unread,
+                # and its connection ends (below).
+                conn.next_event()
+                raise
+            body = await self._read_body(stream, conn, headers)
             reply = await self._route(stream, conn, request, headers, body, peer_loopback)
         except _Reply as exc:
             reply = exc
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+            h11.ProtocolError,
+            _ConnectionOver,
+        ):
             raise  # the client went away, or HTTP broke: its connection ends
         except Exception as exc:
             # The fence of every request: a bug met by one request answers that request only.
@@ -670,18 +1248,15 @@ class HttpEndpoint:
                 "Internal error",
                 f"{type(exc).__name__}: {exc} (the daemon log has more)",
             )
-        if reply is not None:
-            await self._send_plain(stream, conn, reply)
+        if reply is None:
+            return
+        if reply.close or conn.their_state is not h11.DONE:
+            raise reply  # _serve_connection sends it and ends the connection
+        await self._send_plain(stream, conn, reply)
 
-    async def _route(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        request: h11.Request,
-        headers: dict[str, str],
-        body: bytes,
-        peer_loopback: bool,
-    ) -> _Reply | None:
+    def _check_head(self, request: h11.Request, headers: dict[str, str]) -> None:
+        """What the head alone decides, before a byte of the body is read (a bad Origin with a
+        15 MiB body is refused at once, not once the body is in memory)."""
         if not origin_allowed(headers.get("origin")):
             raise _rpc_error(
                 403, INVALID_REQUEST, "Forbidden", "the Origin is not a loopback origin"
@@ -692,19 +1267,45 @@ class HttpEndpoint:
         if target != PATH:
             raise _Reply(404, b"not found: mcpool serves MCP at /mcp")
         method = request.method.decode()
+        if method not in ("GET", "POST", "DELETE"):
+            raise _Reply(405, b"", [("allow", "GET, POST, DELETE")])
         version = headers.get("mcp-protocol-version")
         if method != "POST" and version is not None and version not in SERVED_VERSIONS:
             raise _unsupported_version(version, None)
+        if method != "POST":
+            return
+        ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise _rpc_error(
+                415, INVALID_REQUEST, "Unsupported Media Type", "send application/json"
+            )
+        accept = headers.get("accept", "*/*").lower()
+        if not ("text/event-stream" in accept or "*/*" in accept or "application/json" in accept):
+            raise _rpc_error(
+                406,
+                INVALID_REQUEST,
+                "Not Acceptable",
+                "accept application/json or text/event-stream",
+            )
+
+    async def _route(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        request: h11.Request,
+        headers: dict[str, str],
+        body: bytes,
+        peer_loopback: bool,
+    ) -> _Reply | None:
+        method = request.method.decode()
         if method == "POST":
             return await self._post(stream, conn, headers, body, peer_loopback)
         if method == "GET":
             return await self._get(stream, conn, headers)
-        if method == "DELETE":
-            hs = self._session_of(headers, required=True)
-            assert hs is not None
-            hs.session.close("the client ended the session")
-            return _Reply(200)
-        raise _Reply(405, b"", [("allow", "GET, POST, DELETE")])
+        hs = self._session_of(headers, required=True)  # DELETE
+        assert hs is not None
+        hs.session.close("the client ended the session")
+        return _Reply(200)
 
     def _session_of(self, headers: dict[str, str], *, required: bool) -> _HttpSession | None:
         sid = headers.get("mcp-session-id")
@@ -745,20 +1346,8 @@ class HttpEndpoint:
         body: bytes,
         peer_loopback: bool,
     ) -> _Reply | None:
-        ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if ctype != "application/json":
-            raise _rpc_error(
-                415, INVALID_REQUEST, "Unsupported Media Type", "send application/json"
-            )
-        accept = headers.get("accept", "*/*").lower()
+        accept = headers.get("accept", "*/*").lower()  # one of them (_check_head)
         sse = "text/event-stream" in accept or "*/*" in accept
-        if not (sse or "application/json" in accept):
-            raise _rpc_error(
-                406,
-                INVALID_REQUEST,
-                "Not Acceptable",
-                "accept application/json or text/event-stream",
-            )
         try:
             decoded = decode(body)
         except McpoolError as exc:
@@ -887,14 +1476,17 @@ class HttpEndpoint:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
-                # The client may close the connection at any time; h11 keeps what it pipelines.
+                # The client may close the connection at any time; h11 keeps what it pipelines
+                # (a next request's head, at most: more ends the connection, unread).
                 nonlocal gone
+                pipelined = 0
                 while True:
                     try:
-                        data = await stream.receive_some(65536)
+                        data = await stream.receive_some(READ_CHUNK)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         data = b""
-                    if not data:
+                    pipelined += len(data)
+                    if not data or pipelined > MAX_HEADER_BYTES:
                         gone = True
                         nursery.cancel_scope.cancel()
                         return
@@ -909,7 +1501,7 @@ class HttpEndpoint:
                 out.sent(chunk)
             nursery.cancel_scope.cancel()
         if gone:
-            raise trio.BrokenResourceError("the client closed the stream")
+            raise trio.BrokenResourceError("the client closed the stream, or sent too much")
         await self._send(stream, conn, h11.EndOfMessage())
 
     # -- sessions -----------------------------------------------------------------------------
@@ -929,7 +1521,9 @@ class HttpEndpoint:
                 "X-Mcpool-Settings is accepted from loopback only",
             )
         sources = named if named is not None else [self.host.config_path]
-        outbox = SessionOutbox(self.session_buffer)
+        opts = self.options()
+        self._make_room(opts.http_max_sessions)
+        outbox = SessionOutbox(opts.session_buffer_bytes)
         state = self.host.open_session(
             outbox, name="http", sources=sources, peer="http", via="http"
         )
@@ -940,6 +1534,32 @@ class HttpEndpoint:
         assert self._nursery is not None
         self._nursery.start_soon(self._run_session, hs)
         return hs
+
+    def _make_room(self, most: int) -> None:
+        """Room for one more session within httpMaxSessions: the oldest idle sessions (no
+        stream open) end; when none is idle, the new one is refused (503)."""
+        live = [hs for hs in self.sessions.values() if not hs.session.closed]
+        over = len(live) + 1 - most
+        if over <= 0:
+            return
+        idle = sorted((hs for hs in live if not hs.busy), key=lambda hs: hs.last_used)
+        if len(idle) < over:
+            raise limit_reply(
+                503,
+                "Too many sessions",
+                f"{len(live)} HTTP sessions are open and {len(live) - len(idle)} of them are "
+                "busy (a stream open): none can be ended for a new one",
+                "httpMaxSessions",
+                most,
+                close=False,
+            )
+        for hs in idle[:over]:
+            reason = (
+                f"evicted: the oldest idle of more than {most} HTTP sessions "
+                "(daemon.httpMaxSessions)"
+            )
+            self.host.log("info", f"HTTP session {hs.id} {reason}", session=hs.session.id)
+            hs.session.close(reason)
 
     async def _run_session(self, hs: _HttpSession) -> None:
         """One HTTP session's tasks, in the endpoint's nursery: whatever fails in them ends
@@ -973,6 +1593,7 @@ class HttpEndpoint:
             hs.outbox.on_idle = _nothing
             self.host.close_session(hs.state, reason)
             hs.ended.set()
+            self._freed.set()  # its memory goes back to the system (_trim_heap)
 
 
 __all__ = [

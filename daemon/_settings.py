@@ -59,6 +59,18 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     startup_budget: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.5
     # Start the user file's eager servers with the daemon (they drain as usual if unused).
     prewarm: bool = False
+    # `mcpool daemon --http` (daemon/_http.py), read at each decision (a change applies to what
+    # comes next). Connections open at once, in all and from one uid (a remote peer: one
+    # address); connections accepted whose peer's uid is not known yet; HTTP sessions (the
+    # oldest idle one is ended for a new one); bytes of request bodies being read at once.
+    http_max_connections: Annotated[int, msgspec.Meta(ge=1)] = 512
+    http_max_connections_per_uid: Annotated[int, msgspec.Meta(ge=1)] = 256
+    http_max_pending_lookups: Annotated[int, msgspec.Meta(ge=1)] = 64
+    http_max_sessions: Annotated[int, msgspec.Meta(ge=1)] = 256
+    http_max_pending_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
+    # Seconds a request's whole head, then its whole body, may take to arrive (slowloris).
+    http_head_timeout: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_body_timeout: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

@@ -285,10 +285,12 @@ class Daemon:
         wrapper: list[str] | None = None,
         start_timeout: float = START_TIMEOUT,
         extra_env: dict[str, str] | None = None,
+        daemon_args: list[str] | None = None,
     ):
         """`python_args` go before `-m mcpool` (e.g. `-m cProfile -o FILE`); `cache_home`
         keeps discovery snapshots across daemons (default: this daemon's own folder);
-        `wrapper` goes before the interpreter (e.g. `valgrind --tool=callgrind`)."""
+        `wrapper` goes before the interpreter (e.g. `valgrind --tool=callgrind`);
+        `daemon_args` after the daemon's own (e.g. `--http 127.0.0.1:PORT`)."""
         self.dir = tempfile.mkdtemp(prefix="mcpool-bench-")
         self.sock = os.path.join(self.dir, "d.sock")
         self.config = os.path.join(self.dir, "config.json")
@@ -313,6 +315,7 @@ class Daemon:
                 self.sock,
                 "--config",
                 self.config,
+                *(daemon_args or []),
             ],
             env=env,
             # Not the caller's: `-m` puts the working directory first on sys.path, and in a
