@@ -62,7 +62,13 @@ import msgspec
 import trio
 from msgspec import UNSET
 
-from mcpool.pool._peercred import PeerUid, peer_uid_off_loop
+from mcpool.pool._peercred import (
+    REFUSAL_LOG_PERIOD,
+    PeerUid,
+    RefusalTally,
+    TallyLine,
+    peer_uid_off_loop,
+)
 from mcpool.protocol import (
     HANDSHAKE_VERSIONS,
     INTERNAL_ERROR,
@@ -87,12 +93,9 @@ from mcpool.protocol._headers import (
 
 from ._http_limits import (
     ANSWERED,
-    REFUSAL_LOG_PERIOD,
     Admission,
     BodyBudget,
     Peer,
-    RefusalTally,
-    TallyLine,
     Verdict,
     heap_trimmer,
 )
@@ -771,7 +774,7 @@ class HttpEndpoint:
         self.port: int | None = None
         self.admission = Admission(os.getuid())
         self.bodies = BodyBudget()
-        self.refusals = RefusalTally()
+        self.refusals: RefusalTally[Verdict, Peer] = RefusalTally()
         self._uids = PeerUid()  # sock_diag, on the loop: an exact lookup takes microseconds
         self._freed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -980,20 +983,20 @@ class HttpEndpoint:
         if line is not None:
             self._log_tally([line])
 
-    def _log_tally(self, lines: list[TallyLine]) -> None:
+    def _log_tally(self, lines: list[TallyLine[Verdict, Peer]]) -> None:
         for line in lines:
             who = line.peer.describe(self.admission.owner) if line.peer else "peers"
             if line.first:
                 text = (
-                    f"refused an HTTP connection from {who}: {line.verdict.value}; more "
+                    f"refused an HTTP connection from {who}: {line.kind.value}; more "
                     f"refusals are counted, and logged every {REFUSAL_LOG_PERIOD:g} s"
                 )
             else:
                 text = (
                     f"refused {line.times} more HTTP connection{'s' if line.times > 1 else ''} "
-                    f"from {who} since the last line: {line.verdict.value}"
+                    f"from {who} since the last line: {line.kind.value}"
                 )
-            fields: dict[str, Any] = {"count": line.times, "refusal": line.verdict.name.lower()}
+            fields: dict[str, Any] = {"count": line.times, "refusal": line.kind.name.lower()}
             if line.peer is not None:
                 fields["uid"] = line.peer.uid
                 if line.peer.address is not None:

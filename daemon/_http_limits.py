@@ -13,9 +13,9 @@ than `httpMaxConnections` are open in all and fewer than `httpMaxConnectionsPerU
 peer, else answered 503 or 429. `BodyBudget` bounds the bytes of request bodies being read at
 once (`httpMaxPendingBodyBytes`).
 
-`RefusalTally` turns refusals into log lines: the first of a kind from a peer at once, then one
-line a minute with the count, whatever the rate (every refusal its own line was a log flood an
-attacker controlled). `heap_trimmer` hands freed memory back to the system (glibc keeps a
+Refusals are logged through `mcpool.pool._peercred.RefusalTally` (one line a minute per kind
+and peer, with a count: every refusal its own line was a log flood an attacker controlled).
+`heap_trimmer` hands freed memory back to the system (glibc keeps a
 process's freed heap; a thousand 20 KB messages freed leave it mapped).
 
 All of it is plain `def`: under trio it cannot be interrupted, so it needs no lock.
@@ -27,11 +27,6 @@ import ctypes
 import enum
 from collections.abc import Callable
 from typing import NamedTuple
-
-REFUSAL_LOG_PERIOD = 60.0  # one log line per kind of refusal per peer per this many seconds
-# Refusal kinds kept apart at most; past it, the rest are counted under one key (a remote
-# host can come from many addresses, and the tally must stay small).
-MAX_TALLIES = 256
 
 
 class Peer(NamedTuple):
@@ -138,67 +133,6 @@ class BodyBudget:
 
     def release(self, size: int) -> None:
         self.reserved -= size
-
-
-class TallyLine(NamedTuple):
-    """A refusal line to log: its kind, its peer, how many since the last line."""
-
-    verdict: Verdict
-    peer: Peer | None
-    times: int
-    first: bool
-
-
-class _Window:
-    __slots__ = ("count", "until")
-
-    def __init__(self, until: float) -> None:
-        self.until = until
-        self.count = 0  # refusals since the window's line (not yet logged)
-
-
-class RefusalTally:
-    """One line per (kind, peer) per `period`: the first refusal at once, then the count."""
-
-    def __init__(self, period: float = REFUSAL_LOG_PERIOD) -> None:
-        self.period = period
-        self.total = 0
-        self._windows: dict[tuple[Verdict, Peer | None], _Window] = {}
-
-    def refused(self, verdict: Verdict, peer: Peer | None, now: float) -> TallyLine | None:
-        """Count one refusal; the line to log now, if one is due."""
-        self.total += 1
-        key = (verdict, peer)
-        window = self._windows.get(key)
-        if window is None and len(self._windows) >= MAX_TALLIES:
-            key = (verdict, None)  # too many peers to tell apart: counted together
-            window = self._windows.get(key)
-        if window is None or now >= window.until:
-            count = 1 + (window.count if window is not None else 0)
-            self._windows[key] = _Window(now + self.period)
-            return TallyLine(verdict, key[1], count, first=window is None)
-        window.count += 1
-        return None
-
-    def due(self, now: float) -> list[TallyLine]:
-        """The counts of the windows that ended; a window with nothing more is forgotten."""
-        lines = []
-        for key, window in list(self._windows.items()):
-            if now >= window.until:
-                del self._windows[key]
-                if window.count:
-                    lines.append(TallyLine(key[0], key[1], window.count, first=False))
-        return lines
-
-    def flush(self) -> list[TallyLine]:
-        """Every count not yet logged (the endpoint is stopping)."""
-        lines = [
-            TallyLine(verdict, peer, window.count, first=False)
-            for (verdict, peer), window in self._windows.items()
-            if window.count
-        ]
-        self._windows.clear()
-        return lines
 
 
 def heap_trimmer() -> Callable[[], int] | None:

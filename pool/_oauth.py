@@ -48,7 +48,7 @@ import trio
 
 from mcpool.protocol import LATEST_HANDSHAKE, McpoolError, UpstreamUnavailable
 
-from ._peercred import RefusalLog, peer_uid_off_loop
+from ._peercred import RefusalTally, peer_uid_off_loop
 from ._tokens import TokenRecord, TokenStore, token_key
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ class CallbackListener:
         self.log = log
         self.owner = os.geteuid()
         self.gate = RedirectGate()
-        self.refusals = RefusalLog()
+        self.refusals: RefusalTally[str, int] = RefusalTally()
         self._unchecked = 0  # connections whose owner is being looked up
         self._reading = 0  # our own uid's connections being read or answered
         self._send, self._receive = trio.open_memory_channel[CallbackResult](1)
@@ -464,9 +464,9 @@ class CallbackListener:
             await stream.send_all(_page(answer, self.server))
 
     def _refused(self, uid: int | None, what: str) -> None:
-        count = self.refusals.refused(uid, trio.current_time())
-        if count is not None:
-            self._log_refusal(uid, what, count)
+        line = self.refusals.refused(what, uid, trio.current_time())
+        if line is not None:
+            self._log_refusal(uid, what, line.times)
 
     def _log_refusal(self, uid: int | None, what: str, count: int) -> None:
         self.log(
@@ -481,8 +481,8 @@ class CallbackListener:
         return await self._receive.receive()
 
     def close(self) -> None:
-        for uid, count in self.refusals.flush():
-            self._log_refusal(uid, "more connections or callbacks", count)
+        for line in self.refusals.flush():
+            self._log_refusal(line.peer, line.kind, line.times)
         self.sock.close()
 
 

@@ -19,6 +19,9 @@ import errno
 import ipaddress
 import socket
 import struct
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import trio
 
@@ -190,34 +193,81 @@ async def peer_uid_off_loop(peer: tuple[str, int], local: tuple[str, int]) -> in
     return await trio.to_thread.run_sync(proc_peer_uid, peer, local, abandon_on_cancel=True)
 
 
-# Refusals of another user's connections are logged at most this often per uid: a peer that
-# churns connections must not fill the log (or cost a write per connection).
-REFUSAL_LOG_INTERVAL = 60.0
+# Refusals are logged at most this often per kind and peer: a peer that churns connections must
+# not fill the log (or cost a write per connection).
+REFUSAL_LOG_PERIOD = 60.0
+# Refusal kinds kept apart at most; past it, the rest are counted under one key (a remote
+# host can come from many addresses, and the tally must stay small).
+MAX_TALLIES = 256
 
 
-class RefusalLog:
-    """Which refusals to log: the first of a uid at once, later ones within `interval` of the
-    last line only counted, and reported (with the count) by the next line for that uid, or by
-    `flush` when the listener closes. Pure: the caller passes the time and writes the line."""
+Kind = TypeVar("Kind", bound=Hashable)
+PeerKey = TypeVar("PeerKey", bound=Hashable)
 
-    def __init__(self, interval: float = REFUSAL_LOG_INTERVAL) -> None:
-        self.interval = interval
-        self._logged_at: dict[int | None, float] = {}
-        self._unlogged: dict[int | None, int] = {}
 
-    def refused(self, uid: int | None, now: float) -> int | None:
-        """Count one refusal of `uid`'s connection: how many to report in a line now (this one
-        included), or None to stay quiet."""
-        count = self._unlogged.pop(uid, 0) + 1
-        last = self._logged_at.get(uid)
-        if last is not None and now - last < self.interval:
-            self._unlogged[uid] = count
-            return None
-        self._logged_at[uid] = now
-        return count
+@dataclass(frozen=True)
+class TallyLine(Generic[Kind, PeerKey]):
+    """A refusal line to log: its kind, its peer, how many since the last line."""
 
-    def flush(self) -> list[tuple[int | None, int]]:
-        """The refusals counted but not yet reported, per uid; the counts start again."""
-        pending = list(self._unlogged.items())
-        self._unlogged.clear()
-        return pending
+    kind: Kind
+    peer: PeerKey | None
+    times: int
+    first: bool
+
+
+class _Window:
+    __slots__ = ("count", "until")
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+        self.count = 0  # refusals since the window's line (not yet logged)
+
+
+class RefusalTally(Generic[Kind, PeerKey]):
+    """Which refusals to log, for every listener that refuses peers (the HTTP endpoint, the
+    OAuth redirect listener): one line per (kind, peer) per `period`, the first refusal at
+    once, then the count, whatever the rate. Pure: the caller passes the time and writes the
+    line."""
+
+    def __init__(self, period: float = REFUSAL_LOG_PERIOD) -> None:
+        self.period = period
+        self.total = 0
+        self._windows: dict[tuple[Kind, PeerKey | None], _Window] = {}
+
+    def refused(
+        self, kind: Kind, peer: PeerKey | None, now: float
+    ) -> TallyLine[Kind, PeerKey] | None:
+        """Count one refusal of `kind` from `peer` (a uid, an address...); the line to log now,
+        if one is due."""
+        self.total += 1
+        key: tuple[Kind, PeerKey | None] = (kind, peer)
+        window = self._windows.get(key)
+        if window is None and len(self._windows) >= MAX_TALLIES:
+            key = (kind, None)  # too many peers to tell apart: counted together
+            window = self._windows.get(key)
+        if window is None or now >= window.until:
+            count = 1 + (window.count if window is not None else 0)
+            self._windows[key] = _Window(now + self.period)
+            return TallyLine(kind, key[1], count, first=window is None)
+        window.count += 1
+        return None
+
+    def due(self, now: float) -> list[TallyLine[Kind, PeerKey]]:
+        """The counts of the windows that ended; a window with nothing more is forgotten."""
+        lines = []
+        for key, window in list(self._windows.items()):
+            if now >= window.until:
+                del self._windows[key]
+                if window.count:
+                    lines.append(TallyLine(key[0], key[1], window.count, first=False))
+        return lines
+
+    def flush(self) -> list[TallyLine[Kind, PeerKey]]:
+        """Every count not yet logged (the endpoint is stopping)."""
+        lines = [
+            TallyLine(kind, peer, window.count, first=False)
+            for (kind, peer), window in self._windows.items()
+            if window.count
+        ]
+        self._windows.clear()
+        return lines

@@ -25,17 +25,14 @@ from mcpool.daemon._http import (
     parse_settings_header,
 )
 from mcpool.daemon._http_limits import (
-    MAX_TALLIES,
-    REFUSAL_LOG_PERIOD,
     Admission,
     BodyBudget,
     Peer,
-    RefusalTally,
-    TallyLine,
     Verdict,
 )
 from mcpool.daemon._settings import DaemonOptions, parse_settings
 from mcpool.pool import _peercred
+from mcpool.pool._peercred import MAX_TALLIES, REFUSAL_LOG_PERIOD, RefusalTally, TallyLine
 from mcpool.protocol import SettingsError, decode
 
 

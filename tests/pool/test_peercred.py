@@ -11,7 +11,6 @@ from other_user import OtherUser
 
 from mcpool.pool._peercred import (
     PeerUid,
-    RefusalLog,
     diag_answer_uid,
     diag_request,
     proc_peer_uid,
@@ -102,16 +101,3 @@ def test_another_users_connection_is_seen_as_theirs(other_user: OtherUser) -> No
         proc.stdin.close()
         proc.wait(10)
         server.close()
-
-
-def test_refusals_are_logged_once_per_uid_per_minute_with_a_count() -> None:
-    log = RefusalLog(interval=60.0)
-    assert log.refused(1001, now=0.0) == 1  # the first at once
-    assert log.refused(1001, now=1.0) is None
-    assert log.refused(1002, now=2.0) == 1  # another uid has its own minute
-    assert log.refused(1001, now=59.0) is None
-    assert log.refused(1001, now=60.0) == 3  # the two counted since, and this one
-    assert log.refused(1001, now=61.0) is None
-    assert log.refused(None, now=61.0) == 1  # an owner the kernel did not know
-    assert log.flush() == [(1001, 1)]
-    assert log.flush() == []
