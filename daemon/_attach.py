@@ -300,7 +300,11 @@ def spawn_daemon(path: "Path | str") -> "DaemonStart":
     """Start a daemon for `path`, detached: nobody's child, in its own session (_detach.py)."""
     from mcpool.daemon._detach import start_detached  # only a cold start pays for it
 
-    return start_detached(str(path), _stderr_path(path))
+    # A bridge that another daemon's upstream runs carries that daemon's mark, which its
+    # guardian ends everything with when it dies (pool/_guardian.py); the daemon this bridge
+    # starts is nobody's, so it does not inherit it.
+    env = {name: value for name, value in os.environ.items() if name != UPSTREAM_MARKER}
+    return start_detached(str(path), _stderr_path(path), env)
 
 
 def _stderr_path(path: "Path | str") -> str:

@@ -142,8 +142,9 @@ class DaemonStart:
             os.close(fd)
 
 
-def start_detached(sock_path: str, stderr_path: str) -> DaemonStart:
-    """Start `mcpool daemon --socket sock_path` detached (see the module docstring)."""
+def start_detached(sock_path: str, stderr_path: str, env: dict[str, str]) -> DaemonStart:
+    """Start `mcpool daemon --socket sock_path` detached, in environment `env` (see the
+    module docstring)."""
     from mcpool.daemon._files import open_private  # a cold start only
 
     argv = [sys.executable, "-m", "mcpool", "daemon", "--socket", sock_path]
@@ -158,7 +159,7 @@ def start_detached(sock_path: str, stderr_path: str) -> DaemonStart:
         read_fd, write_fd = os.pipe()  # both close-on-exec: only the daemon's dup is not
         child = os.fork()
         if child == 0:
-            _become_daemon(argv, null_fd, stderr_fd, read_fd, write_fd)
+            _become_daemon(argv, env, null_fd, stderr_fd, read_fd, write_fd)
     except BaseException:
         if read_fd >= 0:
             os.close(read_fd)
@@ -176,7 +177,12 @@ def start_detached(sock_path: str, stderr_path: str) -> DaemonStart:
 
 
 def _become_daemon(
-    argv: list[str], null_fd: int, stderr_fd: int, read_fd: int, write_fd: int
+    argv: list[str],
+    env: dict[str, str],
+    null_fd: int,
+    stderr_fd: int,
+    read_fd: int,
+    write_fd: int,
 ) -> "NoReturn":
     """In the forked child: setsid, fork again, and exec the daemon in the grandchild. Never
     returns: every way out is `os._exit` (the starter's own code must not run twice)."""
@@ -207,7 +213,7 @@ def _become_daemon(
             except (OSError, ValueError):
                 pass  # SIGKILL, SIGSTOP and the C library's own: not ours to set
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
-        os.execv(argv[0], argv)
+        os.execve(argv[0], argv, env)
     except BaseException as exc:
         try:
             reason = f"cannot run {argv[0]}: {getattr(exc, 'strerror', None) or exc}"
