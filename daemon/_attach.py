@@ -84,6 +84,8 @@ ATTACH_RESPONSE_TIMEOUT = 120.0
 # In every stdio upstream's environment, with the daemon's pid (mcpool/pool/_environ.py): an
 # attach that sees it and reaches that same daemon was started by the daemon itself.
 UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
+# Beside it, that process's own id (`<daemon pid>.<n>`): an entry's close ends what carries it.
+SPAWN_MARKER = "MCPOOL_UPSTREAM_ID"
 # The attach response is a few hundred bytes; anything this long is not a response.
 MAX_RESPONSE_LINE = 1 << 20
 # Unwritten bytes at which a direction stops reading (backpressure instead of unbounded memory).
@@ -300,10 +302,11 @@ def spawn_daemon(path: "Path | str") -> "DaemonStart":
     """Start a daemon for `path`, detached: nobody's child, in its own session (_detach.py)."""
     from mcpool.daemon._detach import start_detached  # only a cold start pays for it
 
-    # A bridge that another daemon's upstream runs carries that daemon's mark, which its
-    # guardian ends everything with when it dies (pool/_guardian.py); the daemon this bridge
-    # starts is nobody's, so it does not inherit it.
-    env = {name: value for name, value in os.environ.items() if name != UPSTREAM_MARKER}
+    # A bridge that another daemon's upstream runs carries that daemon's marks, and what
+    # carries them ends with that upstream's entry or that daemon (pool/_guardian.py); the
+    # daemon this bridge starts is nobody's, so it does not inherit them.
+    marks = (UPSTREAM_MARKER, SPAWN_MARKER)
+    env = {name: value for name, value in os.environ.items() if name not in marks}
     return start_detached(str(path), _stderr_path(path), env)
 
 

@@ -204,7 +204,7 @@ def _become_daemon(
         os.dup2(status_fd, STATUS_FD)  # dup2 makes the copy inheritable
         status_fd = STATUS_FD
         # Everything else the starter held (a client's descriptors without close-on-exec too).
-        os.closerange(STATUS_FD + 1, _max_fd())
+        _close_from(STATUS_FD + 1)
         # What a client ignored or blocked for its server passes through exec: SIGCHLD ignored
         # would leave the daemon unable to wait for its upstreams, SIGTERM ignored unstoppable.
         for signum in range(1, _signal.NSIG):
@@ -222,11 +222,20 @@ def _become_daemon(
             os._exit(EXEC_FAILED)
 
 
-def _max_fd() -> int:
+def _close_from(lowest: int) -> None:
+    """Close every descriptor from `lowest` up: those /proc lists (a loop to the fd limit can
+    be a million closes where the C library has no close_range), else that loop."""
     try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (OSError, ValueError):
-        return 1 << 16
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(lowest, os.sysconf("SC_OPEN_MAX"))
+        return
+    for fd in open_fds:
+        if fd >= lowest:
+            try:  # noqa: SIM105 (as above)
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed already
 
 
 def _exit_line(status: int, reason: str) -> bytes:

@@ -59,20 +59,17 @@ class ProcessSet:
 
     def __init__(self) -> None:
         self._held: dict[int, int] = {}  # pid -> pidfd, or -1
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._held)
-
-    @property
-    def pids(self) -> frozenset[int]:
-        return frozenset(self._held)
 
     @property
     def pidfds(self) -> list[int]:
         return [fd for fd in self._held.values() if fd >= 0]
 
     def add(self, pid: int) -> None:
-        if pid in self._held:
+        if pid in self._held or self._closed:
             return
         try:
             fd = os.pidfd_open(pid)
@@ -96,13 +93,17 @@ class ProcessSet:
 
         for pid, fd in self._held.items():
             if fd >= 0:
-                if not select.select([fd], [], [], 0)[0]:
+                poller = select.poll()  # a pidfd reads as ready once its process has exited
+                poller.register(fd, select.POLLIN)
+                if not poller.poll(0):
                     return True
             elif _running(pid):
                 return True
         return False
 
     def close(self) -> None:
+        """Let go of every pidfd; what is added afterwards is not held (nor signalled)."""
+        self._closed = True
         held, self._held = self._held, {}
         for fd in held.values():
             if fd >= 0:
@@ -170,8 +171,12 @@ def marked_processes(entry: bytes, groups: frozenset[int] = frozenset()) -> list
     started. One read per process; other users' cannot be read, and are not ours to end."""
     wanted = b"\0" + entry + b"\0"
     me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found  # no /proc here: nothing to find
+    for name in names:
         if not name.isdigit() or int(name) == me:
             continue
         try:

@@ -21,7 +21,7 @@ import pytest
 import trio
 from mcp.shared.exceptions import MCPError
 
-from mcpool.pool._environ import UPSTREAM_MARKER
+from mcpool.pool._environ import SPAWN_MARKER, UPSTREAM_MARKER
 
 from .harness import DaemonFactory, DaemonProcess, daemonctl_json, fake_server
 from .support import alive, call_text, process, wait_until
@@ -155,17 +155,23 @@ async def test_escaped_descendants_end_with_a_sigkilled_daemon(
 async def test_a_daemon_an_upstream_started_is_not_ended_with_that_upstreams_daemon(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    # The first daemon's upstreams carry its mark; one of them runs `daemonctl start` for another
-    # socket (another daemon is fine: X6 makes it nobody's, and it must not carry that mark).
-    first = await daemon_factory()
+    # The first daemon's upstream carries its marks; it runs `daemonctl start` for another socket
+    # (another daemon is fine: X6 makes it nobody's, and it must not carry those marks).
+    first = await daemon_factory(daemon={"drainGrace": DRAIN_GRACE})
     second = await daemon_factory(start=False)
     settings = first.settings_file("s.json", {"fake": fake_server()})
     async with first.attach([settings], "one") as one:
         upstream = process(int(await call_text(one, "fake__pid")))
-        env = {**second.env, UPSTREAM_MARKER: str(first.pid)}
-        started = await daemonctl_json(second.sock, "start", env=env)
+        marks = {k: v for k, v in upstream.environ().items() if k.startswith("MCPOOL_UPSTREAM")}
+        assert set(marks) == {UPSTREAM_MARKER, SPAWN_MARKER}
+        started = await daemonctl_json(second.sock, "start", env={**second.env, **marks})
         assert started["started"] is True
         other = process(int(started["pid"]))
+        # That upstream's entry closes: what carries its id ends with it, not the other daemon.
+        await first.ctl("restart", "fake")
+        await gone(upstream)
+        assert alive(other)
+        upstream = process(int(await call_text(one, "fake__pid")))
         (guardian,) = (
             p for p in psutil.Process(first.pid).children() if "_guardian.py" in str(p.cmdline())
         )
