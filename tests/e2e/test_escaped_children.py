@@ -108,10 +108,11 @@ async def test_what_a_crashed_server_left_ends_with_it(
         assert upstream != int(await call_text(one, "fake__pid"))
 
 
+@pytest.mark.parametrize("how", ESCAPES)
 async def test_an_escaped_descendant_ends_when_its_server_leaves_the_settings(
-    daemon_factory: DaemonFactory, tmp_path: Path
+    how: str, daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
-    daemon, settings, pid_log = await started(daemon_factory, tmp_path, "daemon")
+    daemon, settings, pid_log = await started(daemon_factory, tmp_path, how)
     async with daemon.attach([settings], "one") as one:
         upstream = process(int(await call_text(one, "fake__pid")))
         child = await escaped(pid_log)
