@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -69,6 +70,7 @@ class Place:
     def cleanup(self) -> None:
         pids = [p.pid for p in psutil.process_iter() if _mentions(p, str(self.sock))]
         kill_leftovers(pids, [str(self.sock_dir), str(self.root)])
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
 def _mentions(proc: psutil.Process, needle: str) -> bool:
