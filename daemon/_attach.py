@@ -3,9 +3,11 @@
 Theory of operation. Every MCP client launches this once per session, so it must start fast: it
 imports only the stdlib (no trio, msgspec or argparse) and does no work the relay does not need.
 
-1. Connect to the daemon's Unix socket. Nobody there: start a daemon detached and retry until it
-   answers. Racing bridges may each start one; the daemon holds an flock on the lock file and a
-   loser exits 0 without touching the socket, so retrying the connect is all a bridge has to do.
+1. Connect to the daemon's Unix socket. Nobody there: start a daemon detached (`_detach.py`: it
+   is nobody's child, in a session of its own, so a client that kills this bridge's process
+   tree, group or session leaves it alone) and wait on its status pipe until it serves. Racing
+   bridges may each start one; the daemon holds an flock on the lock file and a loser says so
+   and exits 0 without touching the socket, so its bridge retries the connect to the winner.
 2. Send one `mcpool/attach` request and read exactly one response line. Bytes that arrived behind
    that line belong to the MCP session and go to stdout first.
 3. Hand-off. When stdin and stdout are pipes or sockets (what every MCP client gives a stdio
@@ -63,10 +65,11 @@ from mcpool.daemon._waiter import exec_waiter
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal  # typeshed has no stub for `_signal`: the same names, typed
-    import subprocess
     from collections.abc import Callable
     from pathlib import Path
     from types import FrameType
+
+    from mcpool.daemon._detach import DaemonStart
 else:
     import _signal
 
@@ -81,13 +84,13 @@ ATTACH_RESPONSE_TIMEOUT = 120.0
 # In every stdio upstream's environment, with the daemon's pid (mcpool/pool/_environ.py): an
 # attach that sees it and reaches that same daemon was started by the daemon itself.
 UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
+# Beside it, that process's own id (`<daemon pid>.<n>`): an entry's close ends what carries it.
+SPAWN_MARKER = "MCPOOL_UPSTREAM_ID"
 # The attach response is a few hundred bytes; anything this long is not a response.
 MAX_RESPONSE_LINE = 1 << 20
 # Unwritten bytes at which a direction stops reading (backpressure instead of unbounded memory).
 HIGH_WATER = 1 << 20
 READ_SIZE = 65536
-# While a losing daemon we started is still exiting, wake this often to reap it.
-REAP_INTERVAL_MS = 100
 
 USAGE = (
     "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]"
@@ -201,7 +204,7 @@ def _run(opts: _Options) -> int:
     except OSError:  # the directory was deleted under us
         cwd = None
     name = opts.name or (cwd and (os.path.basename(cwd) or cwd)) or "attach"
-    sock, started = connect_or_start(sock_path)
+    sock, _ = connect_or_start(sock_path)
     try:
         _refuse_own_daemon(sock)
         params: dict[str, object] = {
@@ -219,16 +222,12 @@ def _run(opts: _Options) -> int:
         if handoff:
             params["handoff"] = True
         result, leftover = attach(sock, params, fds=(0, 1) if handoff else ())
-        # A daemon we started that lost the start race exits on its own; it is still our child.
-        loser = None
-        if started is not None and started.pid != result.get("daemonPid"):
-            loser = started
         if result.get("handoff") is True:
-            if loser is None and not leftover:
+            if not leftover:
                 # Only waiting from here on: a shell does that in a fraction of the memory.
                 exec_waiter(sock.fileno())
-            return wait_handed_off(sock, leftover, child=loser)
-        return relay(sock, leftover, child=loser)
+            return wait_handed_off(sock, leftover)
+        return relay(sock, leftover)
     finally:
         sock.close()
 
@@ -276,7 +275,7 @@ def referenced_environment(sources: list[str]) -> dict[str, str]:
     return env
 
 
-def _connect(path: "Path | str") -> _socket.socket | None:
+def connect(path: "Path | str") -> _socket.socket | None:
     """A connection to our own daemon, or None when nobody listens. The folder, the socket file
     and then the listener's uid are checked before anything is sent (X3)."""
     try:
@@ -299,26 +298,16 @@ def _connect(path: "Path | str") -> _socket.socket | None:
     return sock
 
 
-def spawn_daemon(path: "Path | str") -> "subprocess.Popen[bytes]":
-    import subprocess  # only a cold start pays for it
+def spawn_daemon(path: "Path | str") -> "DaemonStart":
+    """Start a daemon for `path`, detached: nobody's child, in its own session (_detach.py)."""
+    from mcpool.daemon._detach import start_detached  # only a cold start pays for it
 
-    from mcpool.daemon._files import open_private
-
-    stderr_path = _stderr_path(path)
-    os.makedirs(os.path.dirname(stderr_path), mode=0o700, exist_ok=True)
-    # The daemon's stderr can hold a traceback quoting settings: 0600, as its log.
-    with os.fdopen(open_private(stderr_path, os.O_WRONLY | os.O_APPEND), "ab") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "mcpool", "daemon", "--socket", str(path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-            close_fds=True,
-            # A daemon outlives the project directory it was started from, and `-m` puts the
-            # working directory first on sys.path, where a project's own modules would shadow ours.
-            cwd="/",
-        )
+    # A bridge that another daemon's upstream runs carries that daemon's marks, and what
+    # carries them ends with that upstream's entry or that daemon (pool/_guardian.py); the
+    # daemon this bridge starts is nobody's, so it does not inherit them.
+    marks = (UPSTREAM_MARKER, SPAWN_MARKER)
+    env = {name: value for name, value in os.environ.items() if name not in marks}
+    return start_detached(str(path), _stderr_path(path), env)
 
 
 def _stderr_path(path: "Path | str") -> str:
@@ -328,27 +317,49 @@ def _stderr_path(path: "Path | str") -> str:
 
 def connect_or_start(
     path: "Path | str",
-    spawn: "Callable[[Path | str], subprocess.Popen[bytes]]" = spawn_daemon,
+    spawn: "Callable[[Path | str], DaemonStart]" = spawn_daemon,
     timeout: float = DAEMON_START_TIMEOUT,
-) -> "tuple[_socket.socket, subprocess.Popen[bytes] | None]":
-    """Connect to the daemon, starting one if nobody answers. Returns the process we started."""
-    sock = _connect(path)
+) -> "tuple[_socket.socket, DaemonStart | None]":
+    """Connect to the daemon, starting one if nobody answers. Returns the start we made."""
+    sock = connect(path)
     if sock is not None:
         return sock, None
-    proc = spawn(path)
+    start = spawn(path)
+    try:
+        return wait_for_daemon(path, start, timeout), start
+    finally:
+        start.close()
+
+
+def wait_for_daemon(path: "Path | str", start: "DaemonStart", timeout: float) -> _socket.socket:
+    """A connection to the daemon `start` began (or to the one that won the start race).
+
+    Waits on its status pipe while it starts. Once it serves, or lost the race (exit 0: the
+    winner's socket is on its way), the connect is retried until it answers; a daemon that
+    ended otherwise is an error with its exit status (or reason) and its stderr file."""
     deadline = time.monotonic() + timeout
     log = _stderr_path(path)
     while True:
-        sock = _connect(path)
-        if sock is not None:
-            return sock, proc
-        status = proc.poll()
-        # 0 is a daemon that lost the start race: the winner's socket is on its way.
-        if status is not None and status != 0:
-            raise AttachError(f"the daemon failed to start (exit status {status}); see {log}")
+        left = deadline - time.monotonic()
+        outcome = start.wait(max(0.0, left))
+        if outcome is not None:
+            sock = connect(path)
+            if sock is not None:
+                return sock
+            if outcome.status is None and not outcome.serving:
+                raise AttachError(
+                    f"the daemon failed to start (it exited before serving {path}: "
+                    f"{outcome.reason}); see {log}"
+                )
+            if outcome.status not in (None, 0):
+                why = f": {outcome.reason}" if outcome.reason else ""
+                raise AttachError(
+                    f"the daemon failed to start (exit status {outcome.status}{why}); see {log}"
+                )
         if time.monotonic() >= deadline:
             raise AttachError(f"no daemon answered at {path} within {timeout:g} s; see {log}")
-        time.sleep(CONNECT_RETRY_INTERVAL)
+        if outcome is not None:
+            time.sleep(CONNECT_RETRY_INTERVAL)
 
 
 def _can_hand_off(stdin_fd: int, stdout_fd: int) -> bool:
@@ -419,11 +430,7 @@ def _describe_error(error: dict[str, object]) -> str:
     return f"{message} ({data})" if data else message
 
 
-def wait_handed_off(
-    sock: _socket.socket,
-    leftover: bytes = b"",
-    child: "subprocess.Popen[bytes] | None" = None,
-) -> int:
+def wait_handed_off(sock: _socket.socket, leftover: bytes = b"") -> int:
     """The daemon serves stdin and stdout: wait for its `mcpool/ended`, or for it to go away."""
     import select
 
@@ -442,9 +449,7 @@ def wait_handed_off(
                 return status
         if len(buf) > MAX_RESPONSE_LINE:
             buf.clear()  # not ours to understand; the control channel carries short lines
-        if child is not None and child.poll() is not None:
-            child = None
-        if not poller.poll(REAP_INTERVAL_MS if child is not None else None):
+        if not poller.poll():
             continue
         try:
             data = sock.recv(READ_SIZE)
@@ -475,7 +480,6 @@ def relay(
     leftover: bytes = b"",
     stdin_fd: int = 0,
     stdout_fd: int = 1,
-    child: "subprocess.Popen[bytes] | None" = None,
 ) -> int:
     """Relay stdin -> socket and socket -> stdout until done; return the exit status."""
     sock.setblocking(False)
@@ -483,7 +487,7 @@ def relay(
     was_blocking = os.get_blocking(stdout_fd)
     os.set_blocking(stdout_fd, False)
     try:
-        return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd, child)
+        return _relay_loop(sock, sock_fd, bytearray(leftover), stdin_fd, stdout_fd)
     finally:
         # O_NONBLOCK lives on the open file description, which the client or a terminal shares.
         try:  # noqa: SIM105 (contextlib is import time of every client launch)
@@ -498,7 +502,6 @@ def _relay_loop(
     to_out: bytearray,
     stdin_fd: int,
     stdout_fd: int,
-    child: "subprocess.Popen[bytes] | None",
 ) -> int:
     import select
 
@@ -558,9 +561,7 @@ def _relay_loop(
         want(sock_fd, sock_mask)
         want(stdout_fd, select.POLLOUT if to_out else 0)
 
-        if child is not None and child.poll() is not None:
-            child = None
-        for fd, events in poller.poll(REAP_INTERVAL_MS if child is not None else None):
+        for fd, events in poller.poll():
             if fd == stdin_fd:
                 try:
                     data = os.read(stdin_fd, READ_SIZE)

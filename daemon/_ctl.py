@@ -354,12 +354,28 @@ def _cmd_explain(client: AdminClient, args: argparse.Namespace, as_json: bool) -
 
 def _cmd_start(path: os.PathLike[str] | str, as_json: bool) -> int:
     """Start a detached daemon (as `mcpool attach` would) unless one answers, and wait for it."""
-    from mcpool.daemon._attach import AttachError, connect_or_start
+    from mcpool.daemon._attach import (
+        DAEMON_START_TIMEOUT,
+        AttachError,
+        connect,
+        spawn_daemon,
+        wait_for_daemon,
+    )
 
     began = time.monotonic()
+    started = None
     try:
+        sock = connect(Path(path))
+        if sock is None:
+            # Forked before the spinner's thread exists: a fork copies only the calling thread.
+            started = spawn_daemon(Path(path))
         with progress(f"starting mcpool daemon at {path}", as_json):
-            sock, started = connect_or_start(Path(path))
+            if started is not None:
+                try:
+                    sock = wait_for_daemon(Path(path), started, DAEMON_START_TIMEOUT)
+                finally:
+                    started.close()
+            assert sock is not None
             sock.close()
             client = AdminClient(path)
             try:
@@ -472,8 +488,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A daemon started by `mcpool attach` stays that bridge's child until the bridge notices the
-    # closed socket and exits; a zombie has stopped all the same.
+    # A zombie has stopped all the same: a daemon under systemd, or the child of an init that
+    # reaps late (a container's), may stay one for a moment.
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rpartition(b")")[2].split()[0] != b"Z"

@@ -47,6 +47,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -75,6 +76,7 @@ from ._connections import (  # noqa: F401
     _usable_stdio,
 )
 from ._core import EXIT_STOPPED, _SessionState
+from ._detach import StatusPipe
 from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
@@ -113,6 +115,19 @@ DETACH_BATCH = 4
 
 
 def main(argv: list[str]) -> int:
+    status = StatusPipe()
+    try:
+        exit_status = _main(argv, status)
+    except BaseException as exc:
+        # What escaped (a bug, a usage error): a starter waiting on the pipe learns it in a line.
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        status.exited(code, f"{type(exc).__name__}: {exc}")
+        raise
+    status.exited(exit_status, "")  # a no-op once it said `serving` or why it stopped
+    return exit_status
+
+
+def _main(argv: list[str], status: StatusPipe) -> int:
     parser = argparse.ArgumentParser(prog="mcpool daemon", description="Run the mcpool daemon.")
     parser.add_argument("--socket", help="Unix socket path (default: $MCPOOL_SOCKET or XDG)")
     parser.add_argument("--config", help="config file (default: $MCPOOL_CONFIG or XDG)")
@@ -132,7 +147,10 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="let --http bind a non-loopback address (whoever reaches it can use your servers)",
     )
+    # Given by whoever started this daemon detached (daemon/_detach.py): the pipe it waits on.
+    parser.add_argument("--status-fd", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    status.open(args.status_fd)
     http_bind: tuple[str, int, bool] | None = None
     if args.http:
         import importlib.util
@@ -151,14 +169,17 @@ def main(argv: list[str]) -> int:
     sock_path = str(_paths.socket_path(args.socket))
     config = str(_paths.config_path(args.config))
     try:
-        # X3: the folder is ours (created 0700 when missing) before the lock is taken in it.
+        # X3: the folder is ours (created 0700 when missing) before the lock is taken in it;
+        # the path fits a socket address.
         _paths.prepare_socket_dir(Path(sock_path))
     except _paths.UnsafeSocketPath as exc:
         sys.stderr.write(f"mcpool daemon: {exc}\n")
+        status.exited(1, str(exc))
         return 1
     lock_fd = take_lock(sock_path)
     if lock_fd is None:
         sys.stderr.write(f"mcpool daemon: another daemon already serves {sock_path}\n")
+        status.exited(EXIT_STOPPED, f"another daemon already serves {sock_path}")
         # 0: what was asked for (a daemon serving this socket) holds. `mcpool attach` relies on
         # it (racing bridges each start one; a loser's 0 says "retry the connect", anything else
         # "the daemon failed to start"), and a supervisor must not restart a loser into the same
@@ -168,9 +189,12 @@ def main(argv: list[str]) -> int:
     daemon.listen.lock_fd = lock_fd
     daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
+    daemon.serving = status.serving
     order_io_events()
     try:
-        return trio.run(daemon.run)
+        exit_status: int = trio.run(daemon.run)
+        status.exited(exit_status, daemon.failure)
+        return exit_status
     except KeyboardInterrupt:
         # A ^C before the signal watcher runs: still a requested stop.
         return EXIT_STOPPED
@@ -226,6 +250,9 @@ class Daemon(ConnectionServer):
         self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
         # The daemon's own leases on the user file's `"start": "always"` servers (L6).
         self.kept: dict[str, Handle] = {}
+        # Told the pid once the socket listens: main() gives it the starter's status pipe.
+        self.serving: Callable[[int], None] = lambda pid: None
+        self.failure = ""  # why `run` failed, in one line (for a starter still waiting)
 
     async def run(self) -> int:
         self.started = trio.current_time()
@@ -258,6 +285,7 @@ class Daemon(ConnectionServer):
                     await conn_nursery.start(self._watch_signals)
                     self.listen.bind()
                     self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
+                    self.serving(self.pid)
                     conn_nursery.start_soon(self._accept_loop)
                     conn_nursery.start_soon(self.listen.run, self._stop_for)
                     conn_nursery.start_soon(self.bridges.run)
@@ -312,6 +340,7 @@ class Daemon(ConnectionServer):
         while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
             leaf = leaf.exceptions[0]
         summary = f"{type(leaf).__name__}: {leaf}"
+        self.failure = summary
         self.log("error", f"daemon failed: {summary}", traceback=text)
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(f"mcpool daemon: failed: {summary}\n{text}")

@@ -185,10 +185,31 @@ def daemon_log_path_str(sock: "Path | str") -> str:
 
 FIX = "or choose another socket with --socket or MCPOOL_SOCKET"
 
+# A Unix socket's address holds its path in `sun_path`: 108 bytes on Linux, 104 on macOS and the
+# BSDs, the last of them the terminating NUL. A longer path cannot be bound or connected to.
+SUN_PATH_SIZE = 108 if sys.platform.startswith("linux") else 104
+MAX_SOCKET_PATH = SUN_PATH_SIZE - 1
+
 
 class UnsafeSocketPath(Exception):
-    """The socket's folder, file or listener is not ours; the message names the path, its owner
-    and mode, and what to do."""
+    """A socket path mcpool will not use: its folder, file or listener is not ours (the message
+    names the path, its owner and mode), or it is too long; the message says what to do."""
+
+
+class SocketPathTooLong(UnsafeSocketPath):
+    """The path does not fit in a Unix socket address (MAX_SOCKET_PATH)."""
+
+
+def check_socket_path_length(sock: "Path | str") -> None:
+    """Before anything binds or connects: the path fits in `sun_path`, else one line naming the
+    limit and the path (the socket module's own "AF_UNIX path too long" names neither)."""
+    size = len(os.fsencode(sock))
+    if size > MAX_SOCKET_PATH:
+        raise SocketPathTooLong(
+            f"the socket path {sock} is {size} bytes long; a Unix socket path may be at most "
+            f"{MAX_SOCKET_PATH} bytes here ({SUN_PATH_SIZE} with its final NUL): choose a "
+            "shorter one with --socket or MCPOOL_SOCKET"
+        )
 
 
 def check_socket_dir(folder: "Path | str") -> bool:
@@ -216,6 +237,7 @@ def prepare_socket_dir(sock: "Path") -> None:
     `mkdir` makes the last component only and never follows a symlink there (an existing link
     is EEXIST, and the check then names it); a missing parent is an error, not something to
     create in a place we may not own."""
+    check_socket_path_length(sock)
     folder = sock.parent
     try:
         os.mkdir(folder, 0o700)
@@ -243,7 +265,8 @@ def prepare_socket_dir(sock: "Path") -> None:
 
 def check_socket_path(sock: "Path | str") -> None:
     """A client's side, before it connects: the folder is ours (or missing, and the daemon will
-    create it) and so is the socket file when there is one."""
+    create it) and so is the socket file when there is one, and its path fits a socket address."""
+    check_socket_path_length(sock)
     if not check_socket_dir(_parent(sock)):
         return
     try:

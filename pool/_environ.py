@@ -61,6 +61,10 @@ BASE_PREFIXES = ("LC_", "XDG_")
 # it and refuses, so the daemon never becomes its own upstream. daemon/_attach.py spells the
 # name itself (it imports nothing heavy); tests/daemon/test_expand.py checks that the two agree.
 UPSTREAM_MARKER = "MCPOOL_UPSTREAM"
+# Set beside it to `<daemon pid>.<n>`, a different n for every process the daemon starts: what
+# that process starts inherits it, and so stays attributable to it after leaving its process
+# group and losing its parent (pool/_guardian.py, "Escaped descendants").
+SPAWN_MARKER = "MCPOOL_UPSTREAM_ID"
 
 
 def base_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -78,10 +82,13 @@ def upstream_environment(
     *,
     environ: Mapping[str, str] | None = None,
     daemon_pid: int | None = None,
+    spawn_id: str | None = None,
 ) -> dict[str, str]:
     """The complete environment of one stdio upstream: base, then the entry's env, then the
-    marker (last, so no entry can unset it)."""
+    markers (last, so no entry can unset them); SPAWN_MARKER only when `spawn_id` is given."""
     env = base_environment(environ)
     env.update(entry_env)
     env[UPSTREAM_MARKER] = str(os.getpid() if daemon_pid is None else daemon_pid)
+    if spawn_id is not None:
+        env[SPAWN_MARKER] = spawn_id
     return env

@@ -13,12 +13,9 @@ guard every eviction, because one key outlives many entries.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import math
-import os
 import random
-import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -411,9 +408,7 @@ class Pool:
         """Past the shutdown bound: SIGKILL every upstream process group now, those still
         starting (spawned, handshake or discovery not done) included (L5)."""
         for upstream in list(self._connections.values()):
-            if upstream.pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(upstream.pid, signal.SIGKILL)
+            upstream.kill()
 
     async def aclose(self) -> None:
         """Close every entry (L4 each), bounded."""

@@ -35,6 +35,7 @@ import collections
 import contextlib
 import fcntl
 import heapq
+import itertools
 import math
 import os
 import signal
@@ -78,8 +79,9 @@ from mcpool.protocol import (
 )
 
 from . import _eras
-from ._environ import upstream_environment
+from ._environ import SPAWN_MARKER, upstream_environment
 from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_ready, read_some
+from ._guardian import ProcessSet, escaped_descendants, mark, marked_processes
 from ._spec import TransportIdentity, printable
 
 STDERR_LINES = 500  # what `daemonctl logs NAME` can show of one upstream
@@ -153,6 +155,9 @@ class _GroupRegistry(Protocol):
 
     def unregister(self, pgid: int) -> None: ...
 
+
+# The n of each process's SPAWN_MARKER value: never the same twice in one daemon.
+_SPAWN_IDS = itertools.count(1)
 
 _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -608,6 +613,10 @@ class Upstream:
             self.closed_reason = reason
         self._close_requested.set()
 
+    def kill(self) -> None:
+        """Past the shutdown bound: end what this connection runs, now (a remote server's:
+        nothing here)."""
+
     # -- the connection (shared by every transport) ------------------------------------------
 
     async def _handshake(self) -> None:
@@ -956,6 +965,9 @@ class StdioUpstream(Upstream):
         )
         self._guardian = guardian
         self._writer: FdWriter | None = None
+        # Its descendants that left its process group, found when it closes (held by pidfd).
+        self._escaped = ProcessSet()
+        self._spawn_id = ""
 
     @property
     def alive(self) -> bool:
@@ -974,7 +986,9 @@ class StdioUpstream(Upstream):
     ) -> None:
         ident = self.identity
         assert ident.command is not None
-        env = upstream_environment(ident.env)
+        # What it starts inherits this, and stays attributable to it (`_find_marked`).
+        self._spawn_id = f"{os.getpid()}.{next(_SPAWN_IDS)}"
+        env = upstream_environment(ident.env, spawn_id=self._spawn_id)
         if ident.cwd is not None and _missing_dir(ident.cwd):
             # Never somewhere else: a server given "." would serve whatever folder it ran in.
             raise UpstreamUnavailable(
@@ -1156,27 +1170,65 @@ class StdioUpstream(Upstream):
         }
 
     async def _shutdown(self, proc: trio.Process, stdin_fd: int) -> None:
-        """L4: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait bounded."""
+        """L4: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait bounded. The
+        descendants that left the group get the same signals at the same steps."""
         assert self._writer is not None
         self._writer.close("closing")
+        pgid = proc.pid
+        escaped = self._escaped
+        # Its tree before stdin closes: a server that exits on end of file hands its children
+        # to init. Again at each step it is still running (it may start more), and what it
+        # orphaned by its environment (pool/_guardian.py, "Escaped descendants").
+        self._find_escaped(proc)
         with contextlib.suppress(OSError):
             os.close(stdin_fd)
-        pgid = proc.pid
-        if proc.returncode is None:
-            with trio.move_on_after(STDIN_CLOSE_GRACE):
-                await proc.wait()
-        _killpg(pgid, signal.SIGTERM)
-        if proc.returncode is None:
-            with trio.move_on_after(SIGTERM_GRACE):
-                await proc.wait()
-        # The group may hold grandchildren even after the leader exited (npx -> node).
-        _killpg(pgid, signal.SIGKILL)
-        if proc.returncode is None:
-            with trio.move_on_after(SIGKILL_WAIT):
-                await proc.wait()
+        try:
+            if proc.returncode is None:
+                with trio.move_on_after(STDIN_CLOSE_GRACE):
+                    await proc.wait()
+            self._find_escaped(proc)
+            for pid in await trio.to_thread.run_sync(self._find_marked):
+                escaped.add(pid)
+            _killpg(pgid, signal.SIGTERM)
+            escaped.signal(signal.SIGTERM)
+            if proc.returncode is None or escaped:
+                with trio.move_on_after(SIGTERM_GRACE):
+                    await proc.wait()
+                    for pidfd in escaped.pidfds:
+                        await trio.lowlevel.wait_readable(pidfd)
+            self._find_escaped(proc)
+            # The group may hold grandchildren even after the leader exited (npx -> node).
+            _killpg(pgid, signal.SIGKILL)
+            escaped.signal(signal.SIGKILL)
+            if proc.returncode is None:
+                with trio.move_on_after(SIGKILL_WAIT):
+                    await proc.wait()
+        finally:
+            escaped.close()
         self.exit_status = proc.returncode
         self._has_exited = True
         self._exited.set()
+
+    def _find_escaped(self, proc: trio.Process) -> None:
+        if proc.returncode is None:
+            escaped_descendants(proc.pid, self._escaped)
+
+    def _find_marked(self) -> list[int]:
+        """What this process started that carries its id and is outside its group (a read of
+        every process's environment: a worker thread's job)."""
+        assert self.pid is not None
+        return marked_processes(mark(SPAWN_MARKER, self._spawn_id), frozenset({self.pid}))
+
+    def kill(self) -> None:
+        """Past the shutdown bound: SIGKILL its process group and whatever left it, now."""
+        if self.pid is None:
+            return
+        if not self._has_exited:
+            escaped_descendants(self.pid, self._escaped)
+        for pid in self._find_marked():
+            self._escaped.add(pid)
+        _killpg(self.pid, signal.SIGKILL)
+        self._escaped.signal(signal.SIGKILL)
 
 
 def _widen_pipe(fd: int) -> None:

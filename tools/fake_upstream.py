@@ -17,6 +17,10 @@ dynamic set installed by set_tools. Environment switches:
   FAKE_VERSION_FILE=path  read at start: line 1 is serverInfo.version, line 2 (optional) more
                         comma-separated tool names (an "upgrade" that leaves the command as is)
   FAKE_CHILD=1          spawn a long-lived grandchild, report "fake-upstream: child=N" on stderr
+  FAKE_ESCAPE=setsid|daemon  start a long-lived `sleep` that leaves our process group:
+                        `setsid` forks a child that calls setsid() (still our child); `daemon`
+                        double-forks it (setsid, fork, the middle process exits: an orphan);
+                        its pid is appended to $FAKE_ESCAPE_LOG
   FAKE_INLINE=1         a fast upstream for throughput and latency benchmarks: one thread,
                         tools/call answered inline (sleep and progress then block the reader),
                         and the answers to everything one read(2) brought in go out in one
@@ -440,6 +444,27 @@ def serve_inline(server: FakeServer) -> None:
         server.handle_line(tail)
 
 
+def escape_group(how: str, pid_log: str | None) -> None:
+    """Start a `sleep 1000` outside our process group (see FAKE_ESCAPE), before any thread."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if how == "daemon" and os.fork() != 0:
+                os._exit(0)  # the middle process: its child is an orphan from now on
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            if pid_log:
+                with open(pid_log, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+            os.execvp("sleep", ["sleep", "1000"])
+        finally:
+            os._exit(127)
+    if how == "daemon":
+        os.waitpid(child, 0)
+
+
 def main() -> None:
     env = dict(os.environ)
     log(f"started pid={PID}")
@@ -447,6 +472,9 @@ def main() -> None:
     if spawn_log:
         with open(spawn_log, "a") as f:
             f.write(f"{PID}\n")
+    escape = env.get("FAKE_ESCAPE")
+    if escape:
+        escape_group(escape, env.get("FAKE_ESCAPE_LOG"))
     if env.get("FAKE_CHILD") == "1":
         import subprocess
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mcpool.daemon import _attach
+from mcpool.daemon import _attach, _detach
 
 # Every wait in these tests is bounded by this; a healthy run takes milliseconds.
 WAIT = 10.0
@@ -282,21 +282,36 @@ def test_version() -> None:
     assert proc.stdout.startswith(b"mcpool ")
 
 
-class FakeProcess:
-    def __init__(self, status: int | None) -> None:
-        self.pid = 99999999
-        self.status = status
+class FakeStart:
+    """A start whose status pipe says `line` (None: nothing yet) after `after` seconds."""
 
-    def poll(self) -> int | None:
-        return self.status
+    def __init__(self, line: bytes | None, after: float = 0.0) -> None:
+        self.line = line
+        self.ready_at = time.monotonic() + after
+        self.waits = 0
+        self.closed = False
+
+    def wait(self, timeout: float) -> _detach.StartOutcome | None:
+        self.waits += 1
+        if self.line is None or time.monotonic() < self.ready_at:
+            time.sleep(min(timeout, max(0.0, self.ready_at - time.monotonic())))
+            if self.line is None or time.monotonic() < self.ready_at:
+                return None
+        return _detach.parse_status(self.line) or _detach.StartOutcome(None, None, "killed")
+
+    def close(self) -> None:
+        self.closed = True
 
 
-def test_cold_start_spawns_once_and_retries_until_the_socket_answers(sock_dir: Path) -> None:
+def test_cold_start_spawns_once_and_waits_for_the_daemon_to_say_it_serves(
+    sock_dir: Path,
+) -> None:
     path = sock_dir / "daemon.sock"
     spawned: list[Path] = []
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    start = FakeStart(b"serving 4242", after=0.1)
 
-    def spawn(p: Path) -> FakeProcess:
+    def spawn(p: Path) -> FakeStart:
         spawned.append(p)
 
         def come_up() -> None:
@@ -305,13 +320,15 @@ def test_cold_start_spawns_once_and_retries_until_the_socket_answers(sock_dir: P
             listener.listen()
 
         threading.Thread(target=come_up, daemon=True).start()
-        return FakeProcess(None)
+        return start
 
     with listener:
         sock, started = _attach.connect_or_start(path, spawn, timeout=WAIT)
         sock.close()
     assert spawned == [path]
-    assert isinstance(started, FakeProcess)
+    assert started is start and start.closed
+    # One wait on the status pipe until it spoke, not a connect loop.
+    assert start.waits <= 2
 
 
 def test_cold_start_keeps_retrying_after_losing_the_race_and_fails_fast_on_a_crash(
@@ -320,12 +337,21 @@ def test_cold_start_keeps_retrying_after_losing_the_race_and_fails_fast_on_a_cra
     path = sock_dir / "daemon.sock"
     # A loser exits 0: keep waiting for the winner, up to the (here tiny) timeout.
     with pytest.raises(_attach.AttachError, match="no daemon answered"):
-        _attach.connect_or_start(path, lambda p: FakeProcess(0), timeout=0.05)
+        _attach.connect_or_start(path, lambda p: FakeStart(b"exit 0 lost"), timeout=0.05)
     began = time.monotonic()
-    with pytest.raises(_attach.AttachError, match=r"failed to start \(exit status 1\)"):
-        _attach.connect_or_start(path, lambda p: FakeProcess(1), timeout=WAIT)
-    # At once, not after the start timeout: the crash is seen on the first poll.
+    with pytest.raises(
+        _attach.AttachError, match=r"failed to start \(exit status 1: no folder\); see "
+    ):
+        _attach.connect_or_start(path, lambda p: FakeStart(b"exit 1 no folder"), timeout=WAIT)
+    # At once, not after the start timeout: the status pipe said it.
     assert time.monotonic() - began < WAIT / 2
+    # Its pipe closed without a word: the reason found instead, still at once.
+    with pytest.raises(_attach.AttachError, match=r"exited before serving .*: killed\)"):
+        _attach.connect_or_start(path, lambda p: FakeStart(b""), timeout=WAIT)
+    assert time.monotonic() - began < WAIT / 2
+    # Still starting when the time is up.
+    with pytest.raises(_attach.AttachError, match="no daemon answered"):
+        _attach.connect_or_start(path, lambda p: FakeStart(None), timeout=0.05)
 
 
 def test_broken_stdout_exits_0_quietly(

@@ -18,8 +18,13 @@ from mcpool.daemon._expand import (
     referenced_names,
     self_launch,
 )
-from mcpool.pool import ServerSettings
-from mcpool.pool._environ import UPSTREAM_MARKER, base_environment, upstream_environment
+from mcpool.pool import ServerSettings, _guardian
+from mcpool.pool._environ import (
+    SPAWN_MARKER,
+    UPSTREAM_MARKER,
+    base_environment,
+    upstream_environment,
+)
 from mcpool.protocol import SettingsError
 
 
@@ -193,6 +198,8 @@ def test_the_bridge_scans_for_references_like_the_daemon(tmp_path: Path, monkeyp
 
 def test_the_bridge_and_the_daemon_agree_on_the_marker() -> None:
     assert _attach.UPSTREAM_MARKER == UPSTREAM_MARKER
+    assert _attach.SPAWN_MARKER == SPAWN_MARKER
+    assert UPSTREAM_MARKER.encode() == _guardian.UPSTREAM_MARKER
 
 
 def test_the_base_environment_is_an_allowlist() -> None:

@@ -14,7 +14,7 @@ import psutil
 import trio
 from mcp import ClientSession
 
-from mcpool.pool._environ import UPSTREAM_MARKER, base_environment
+from mcpool.pool._environ import SPAWN_MARKER, UPSTREAM_MARKER, base_environment
 
 from .harness import (
     DaemonFactory,
@@ -49,9 +49,11 @@ def client_env(daemon: DaemonProcess, **extra: str) -> dict[str, str]:
 
 
 def assert_is_the_base(environ: dict[str, str], daemon_pid: int) -> None:
-    """The documented base: the daemon's allowlisted variables plus the marker, nothing else."""
+    """The documented base: the daemon's allowlisted variables plus the markers, nothing else."""
     daemon_env = psutil.Process(daemon_pid).environ()
     assert environ.pop(UPSTREAM_MARKER) == str(daemon_pid)
+    owner, _, serial = environ.pop(SPAWN_MARKER).partition(".")
+    assert owner == str(daemon_pid) and serial.isdigit()
     assert environ == base_environment(daemon_env)
 
 

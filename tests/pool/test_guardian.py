@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from mcpool.pool import Guardian
+from mcpool.pool import Guardian, _guardian
 
 WAIT = 10.0  # a guardian restart is one interpreter start; a group kill is TERM_GRACE at most
 POLL = 0.05  # another process's exit has no event to wait on here: poll, bounded by WAIT
@@ -46,4 +46,27 @@ async def test_a_killed_guardian_is_replaced_and_the_new_one_kills_every_group()
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+        guardian.close()
+
+
+async def test_what_left_every_group_but_carries_the_daemons_mark_dies_with_it() -> None:
+    # Not registered, in a session of its own, not our child's child: only its environment
+    # (every upstream's mark, inherited) ties it to the daemon (here: this process).
+    guardian = Guardian()
+    marked = subprocess.Popen(
+        ["sleep", "600"],
+        start_new_session=True,
+        env={**os.environ, _guardian.UPSTREAM_MARKER.decode(): str(os.getpid())},
+    )
+    unmarked = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        guardian._close_pipe()  # the daemon is gone
+        await _until(lambda: marked.poll() is not None)
+        assert marked.returncode == -signal.SIGTERM
+        assert unmarked.poll() is None  # nobody else's process is touched
+    finally:
+        for proc in (marked, unmarked):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         guardian.close()
