@@ -50,22 +50,29 @@ _SOCKID_SIZE = _SOCKID.size + _SOCKID_TAIL.size
 _ANSWER_BYTES = 1024
 
 
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def _address(ip: str) -> tuple[int, bytes]:
+    """An address's family and its 16 bytes as inet_diag takes them; an IPv4-mapped IPv6
+    address is IPv4 (where the kernel keeps such a connection). `inet_pton`, not `ipaddress`:
+    this runs for every connection a listener accepts, refused ones included."""
+    if ":" not in ip:
+        return socket.AF_INET, socket.inet_pton(socket.AF_INET, ip).ljust(16, b"\0")
+    packed = socket.inet_pton(socket.AF_INET6, ip.partition("%")[0])
+    if packed.startswith(_V4_MAPPED):
+        return socket.AF_INET, packed[12:].ljust(16, b"\0")
+    return socket.AF_INET6, packed
+
+
 def diag_request(seq: int, peer: tuple[str, int], local: tuple[str, int]) -> tuple[bytes, int]:
     """The netlink request that looks up the client end of the connection `peer` -> `local`,
-    and the address family it asks about (IPv4-mapped IPv6 peers are asked as IPv4, where the
-    kernel keeps them)."""
-    peer_ip = ipaddress.ip_address(peer[0])
-    local_ip = ipaddress.ip_address(local[0])
-    if isinstance(peer_ip, ipaddress.IPv6Address) and peer_ip.ipv4_mapped is not None:
-        peer_ip = peer_ip.ipv4_mapped
-    if isinstance(local_ip, ipaddress.IPv6Address) and local_ip.ipv4_mapped is not None:
-        local_ip = local_ip.ipv4_mapped
-    family = socket.AF_INET if peer_ip.version == 4 else socket.AF_INET6
+    and the address family it asks about. Raises OSError for what is not an IP address."""
+    family, peer_packed = _address(peer[0])
+    _, local_packed = _address(local[0])
     body = (
         _REQ.pack(family, socket.IPPROTO_TCP, 0, ALL_TCP_STATES)
-        + _SOCKID.pack(
-            peer[1], local[1], peer_ip.packed.ljust(16, b"\0"), local_ip.packed.ljust(16, b"\0")
-        )
+        + _SOCKID.pack(peer[1], local[1], peer_packed, local_packed)
         + _SOCKID_TAIL.pack(0, INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE)
     )
     head = _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, seq, 0)
@@ -108,10 +115,13 @@ class PeerUid:
         """The uid owning the client end of the loopback connection `peer` -> `local`."""
         if not self.available:
             return None
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        try:
+            request, _family = diag_request(self._seq, peer, local)
+        except (OSError, ValueError):  # not an IP address
+            return None
         try:
             sock = self._socket()
-            self._seq = (self._seq + 1) & 0xFFFFFFFF
-            request, _family = diag_request(self._seq, peer, local)
             sock.send(request)
             for _ in range(4):  # a stale answer of an earlier lookup may come first
                 try:
@@ -128,8 +138,6 @@ class PeerUid:
             if exc.errno in (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT, errno.ENOENT):
                 self.available = False
             self.close()
-            return None
-        except ValueError:  # not an IP address
             return None
 
     def _socket(self) -> socket.socket:
