@@ -64,6 +64,10 @@ def test_over_http_an_unrelated_message_fans_out_even_with_one_busy_session() ->
         ),
         ("tools", "x", "a non-object item (a string)"),
         ("tools", True, "a non-object item (a boolean (true))"),
+        # A view copies a tool's _meta to add its own keys: a string there failed every session.
+        ("tools", {"name": "t", "_meta": "x"}, "an item whose _meta is a string, not an object"),
+        ("tools", {"name": "t", "_meta": None}, None),
+        ("prompts", {"name": "p", "_meta": "x"}, None),
     ],
 )
 def test_malformed_items(field: str, item: Any, why: str | None) -> None:
