@@ -720,7 +720,7 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
         _print("no sessions")
         return
     table = _table(
-        "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING"
+        "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING", "DROPPED"
     )
     for session in sessions:
         table.add_row(
@@ -733,6 +733,8 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
             _text(", ".join(session.get("servers") or []) or None),
             _text(session.get("generation")),
             _text(session.get("pending_notifications")),
+            # log/progress messages shed while the client was behind (X8)
+            _text(session.get("lossy_dropped")),
         )
     _print(table)
 

@@ -186,6 +186,10 @@ class SessionOutbox:
     def write_parts(self, parts: Sequence[bytes]) -> None:
         self.write(b"".join(parts))  # each line is routed whole (`route`)
 
+    def write_lossy(self, data: bytes) -> bool:
+        self.write(data)
+        return True
+
     async def wait_drained(self) -> None:
         while self.queued:
             await self._drained.wait()

@@ -26,6 +26,11 @@ import trio
 READ_CHUNK = 64 * 1024
 
 
+# The lossy bound as a fraction of a writer's limit (`FdWriter.lossy_buffer`): an 8 MiB session
+# buffer sheds log and progress messages past 2 MiB queued.
+LOSSY_FRACTION = 4
+
+
 class WriterClosed(Exception):
     """The peer went away or the writer's buffer limit was exceeded."""
 
@@ -39,6 +44,7 @@ class FdWriter:
         max_buffer: int,
         *,
         spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+        lossy_buffer: int | None = None,
     ) -> None:
         # With `spawn`, a drain task exists only while data is queued (most writes never queue,
         # and an idle session should not hold a task); without it, the owner runs `run()`.
@@ -46,6 +52,11 @@ class FdWriter:
         self._draining = False
         self._fd = fd
         self._max_buffer = max_buffer
+        # Past this much queued, a lossy message (`write_lossy`) is dropped: a log flood is
+        # shed long before the answers behind it reach the limit that closes the writer.
+        self.lossy_buffer = min(
+            max_buffer, max_buffer // LOSSY_FRACTION if lossy_buffer is None else lossy_buffer
+        )
         self._chunks: list[bytes] = []
         # Bytes queued, not yet written: an attribute, not a property (every session asks it
         # once per change of its lists, issue 17).
@@ -77,6 +88,30 @@ class FdWriter:
                 return
             data = data[n:]
         self._queue(data)
+
+    def write_lossy(self, data: bytes) -> bool:
+        """`write` for a message that may be lost (log, progress): dropped (False) when more
+        than `lossy_buffer` bytes would then be queued. Never raises: a writer that is closed
+        or whose fd failed (the peer is gone, as `write` finds it) drops it too."""
+        if self.closed:
+            return False
+        if self._chunks:
+            if self.buffered + len(data) > self.lossy_buffer:
+                return False
+            self._queue(data)  # (within the lossy bound: below the limit, never raises)
+            return True
+        if len(data) > self.lossy_buffer:
+            return False  # what the kernel would not take could not be queued
+        try:
+            n = os.write(self._fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            self._write_failed(exc)
+            return False
+        if n < len(data):
+            self._queue(data[n:])
+        return True
 
     def write_parts(self, parts: Sequence[bytes]) -> None:
         """`write(b"".join(parts))` without the join: one `writev`, and a copy of only what

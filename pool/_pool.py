@@ -20,7 +20,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -622,6 +622,7 @@ class Pool:
         finally:
             entry.starting = None
             entry.upstream = None
+            entry.cut_calls.clear()  # the calls cut at that connection ended with it
             if self._connections.get(entry) is upstream:
                 del self._connections[entry]
             entry.stderr_history = list(upstream.stderr_tail)
@@ -808,25 +809,37 @@ async def discover(
     )
 
 
-_NOBODY: Any = object()  # `log_owner`: the message belongs to a session that is gone
+def log_audience(
+    handles: Sequence[Handle],
+    *,
+    related: Handle | None,
+    stdio: bool,
+    cut: Mapping[str, float],
+) -> tuple[Handle, ...]:
+    """Who is shown an upstream's log message (DESIGN X8; pure): the handles it goes to, each
+    as a lossy message; none when it belongs to a session no longer here, or to nobody (then
+    it is dropped and counted, never shown to another session).
 
-
-def log_owner(handles: list[Handle], *, related: Handle | None, stdio: bool) -> Any:
-    """Whose log message this is (issue 15, point 2): the handle it goes to alone; `_NOBODY`
-    when it belongs to a session no longer here (dropped); None when it is unattributable and
-    fans out to every session (each filters by the level it asked for).
-
-    HTTP: a message on the response stream of a session's request is that session's
-    (`related`); one on the stream of a request that is no longer a session's (released, or
-    one of mcpool's own) or on the GET stream is unattributable. stdio: a message sent while
-    exactly one session has requests in flight is that session's.
+    A message that belongs to a call goes to that call's session alone. HTTP: a message on
+    the response stream of a session's request is that session's (`related`: dropped when it
+    is gone); one on the GET stream is unattributable. stdio: the sessions with calls
+    at the server now, and those whose calls were cut there (`cut`: cancelled, or their
+    session closed, while the server may still be at them: `PoolEntry.call_cut`), are who it
+    belongs to: one of them (a session that is still here gets it), or several (it goes to
+    those still here: the one it belongs to is among them). An unattributable message (stdio
+    with no session's call at the server, the HTTP GET stream) goes to every session of the
+    server: only as a lossy message, which never cuts anyone.
     """
     if related is not None:
-        return related if any(h is related for h in handles) else _NOBODY
+        return (related,) if any(h is related for h in handles) else ()
     if not stdio:
-        return None
-    busy = [h for h in handles if h.in_flight > 0]
-    return busy[0] if len(busy) == 1 else None
+        return tuple(handles)
+    owners = {h.session_id for h in handles if h.in_flight > 0}
+    if cut:
+        owners.update(cut)
+    if not owners:
+        return tuple(handles)
+    return tuple(h for h in handles if h.session_id in owners)
 
 
 _LIST_CHANGED = {
@@ -865,12 +878,13 @@ class _EntryEvents:
         if method == "notifications/progress":
             decoded = _decode_params(params)
             route = entry.progress_routes.get(str(decoded.get("progressToken")))
-            if route is not None:
-                handle, token = route
-                decoded["progressToken"] = token
-                handle.listener.upstream_notification(
-                    entry, method, Raw(msgspec.json.encode(decoded))
-                )
+            if route is None:
+                # Its call is over, or its session gone: never anyone else's (X8).
+                entry.dropped_notifications += 1
+                return
+            handle, token = route
+            decoded["progressToken"] = token
+            handle.listener.upstream_notification(entry, method, Raw(msgspec.json.encode(decoded)))
             return
         spec = _LIST_CHANGED.get(method)
         if spec is not None:
@@ -878,15 +892,17 @@ class _EntryEvents:
             return
         handles = list(entry.handles.values())
         if method == "notifications/message":
-            owner = log_owner(
+            audience = log_audience(
                 handles,
                 related=getattr(self.upstream, "related_handle", None),
                 stdio=entry.identity.kind == "stdio",
+                cut=entry.cut_sessions(trio.current_time()),
             )
-            if owner is not None:
-                if owner is not _NOBODY:
-                    owner.listener.upstream_notification(entry, method, params)
-                return
+            if not audience:
+                entry.dropped_notifications += 1
+            for handle in audience:
+                handle.listener.upstream_notification(entry, method, params)
+            return
         for handle in handles:
             handle.listener.upstream_notification(entry, method, params)
 
