@@ -33,10 +33,10 @@ dynamic set installed by set_tools. Environment switches:
                         a missing or empty file lists nothing, and "garbled" answers
                         tools/list with {"tools": "garbled"}
 
-The `flood` tool sends `count` log messages of about `size` bytes as fast as it can, then
-answers; with `ignore_cancel` it goes on after the call is cancelled (a server that does not
-honour cancellation), with `pause_at` it stops for `pause` seconds before that message, and
-with `done_file` it creates that file once the last one is out.
+FAKE_FLOOD=1 lists one more tool, `flood`: it sends `count` log messages of about `size` bytes
+as fast as it can, then answers; with `ignore_cancel` it goes on after the call is cancelled (a
+server that does not honour cancellation), with `pause_at` it stops for `pause` seconds before
+that message, and with `done_file` it creates that file once the last one is out.
 """
 
 from __future__ import annotations
@@ -138,22 +138,24 @@ BUILTIN_TOOLS: tuple[Json, ...] = (
         "description": "Return a tool result with isError set.",
         "inputSchema": _schema(),
     },
-    {
-        "name": "flood",
-        "description": "Send `count` log messages of about `size` bytes, then 'flooded'.",
-        "inputSchema": _schema(
-            {
-                "count": {"type": "integer"},
-                "size": {"type": "integer"},
-                "ignore_cancel": {"type": "boolean"},
-                "done_file": {"type": "string"},
-                "pause_at": {"type": "integer"},
-                "pause": {"type": "number"},
-            },
-            ("count",),
-        ),
-    },
 )
+
+# FAKE_FLOOD=1's one more tool (off by default: the builtin list stays as tests count it).
+FLOOD_TOOL: Json = {
+    "name": "flood",
+    "description": "Send `count` log messages of about `size` bytes, then 'flooded'.",
+    "inputSchema": _schema(
+        {
+            "count": {"type": "integer"},
+            "size": {"type": "integer"},
+            "ignore_cancel": {"type": "boolean"},
+            "done_file": {"type": "string"},
+            "pause_at": {"type": "integer"},
+            "pause": {"type": "number"},
+        },
+        ("count",),
+    ),
+}
 
 # What FAKE_META_SPOOF puts in every _meta it can.
 SPOOFED_META: Json = {
@@ -395,8 +397,8 @@ class FakeServer:
     def tools(self) -> list[Json]:
         with self.state_lock:
             dynamic = self.dynamic_tools
-        seen = {tool["name"] for tool in BUILTIN_TOOLS}
-        tools = list(BUILTIN_TOOLS)
+        tools = [*BUILTIN_TOOLS, *((FLOOD_TOOL,) if self.env.get("FAKE_FLOOD") == "1" else ())]
+        seen = {tool["name"] for tool in tools}
         for name in self.static_names + dynamic:
             if name not in seen:
                 seen.add(name)

@@ -136,8 +136,10 @@ async def _settled_drops(daemon: Any) -> int:
 
 async def _flooded_servers(daemon: Any) -> tuple[Path, Path]:
     """A loud server for sessions A and B, and a quiet one C also holds (one loud process)."""
-    loud = daemon.settings_file("loud.json", {"loud": fake_server()})
-    both = daemon.settings_file("both.json", {"loud": fake_server(), "quiet": fake_server()})
+    loud = daemon.settings_file("loud.json", {"loud": fake_server(FAKE_FLOOD=1)})
+    both = daemon.settings_file(
+        "both.json", {"loud": fake_server(FAKE_FLOOD=1), "quiet": fake_server()}
+    )
     return loud, both
 
 
