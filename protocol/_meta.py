@@ -46,7 +46,13 @@ _encoder = msgspec.json.Encoder()
 def may_carry_own_meta(data: bytes, *, item: bool = False) -> bool:
     """Whether `data` (JSON) may hold a key `strip_own_meta` removes: False means it surely
     does not (two or three C substring searches, no decoding)."""
-    return b"mcpool" in data or b"\\u00" in data or (item and b"alwaysLoad" in data)
+    # `find`, not `in`: `bytes in bytes` first tries the needle as an integer and formats the
+    # TypeError it gets, three times the cost of the search (on every relayed answer).
+    return (
+        data.find(b"mcpool") >= 0
+        or data.find(b"\\u00") >= 0
+        or (item and data.find(b"alwaysLoad") >= 0)
+    )
 
 
 def strip_own_meta(value: Any, *, item: bool = False) -> bool:
