@@ -11,13 +11,28 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
-from fakes import FakeNet, FakeServer, FakeUpstream, FakeWriter, desired, make_pool, stdio, tool
+from fakes import (
+    BytesWriter,
+    FakeNet,
+    FakeServer,
+    FakeUpstream,
+    FakeWriter,
+    desired,
+    make_pool,
+    stdio,
+    tool,
+)
+from hypothesis import example, given
+from hypothesis import strategies as st
 from msgspec import Raw
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
+from mcpool.protocol import Message, response_line, strip_own_meta, without_own_meta
 from mcpool.session import Session
+from mcpool.session._flight import _InFlight
 
 SPOOF = {
     "mcpool/trust": True,
@@ -208,3 +223,47 @@ async def test_progress_of_a_gone_session_is_dropped_and_counted(nursery: trio.N
 def entry_of_gone(rig: Rig) -> Any:
     (entry,) = rig.pool.entries()
     return entry
+
+
+# -- the relayed answer's hot path, against the general rule ------------------------------------
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["_meta", "content", "mcpool/trust", "text", "structuredContent"]),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+class _Flights:
+    """What the hot path of `_InFlight.__call__` touches of its session and handle."""
+
+    def __init__(self) -> None:
+        self.inflight: dict[Any, Any] = {}
+        self.closed = False
+        self.out = BytesWriter()
+        self.in_flight = 1
+
+
+@given(_values, st.sampled_from([b"mcpool", b"\\u006dcpool", b"mcpoo\\u006c", b"mcpool"]))
+@example({"_meta": {"mcpool/trust": True}}, b"\\u006dcpool")
+@example({"content": [{"_meta": {"mcpool/x": 1, "y": 2}}]}, b"mcpool")
+def test_the_hot_path_relays_what_the_general_rule_gives(value: Any, spelling: bytes) -> None:
+    """The byte test is inlined on every relayed answer (session/_flight.py): whatever the
+    result and however its keys are spelt, the line written is `without_own_meta` of the
+    answer, and no mcpool/* key is left where the rule removes them."""
+    raw = json.dumps({"result": value}).encode().replace(b"mcpool", spelling)
+    result = Raw(msgspec.json.decode(raw, type=dict[str, Raw])["result"])
+    for client_id in (7, "seven"):
+        rig = _Flights()
+        flight = _InFlight(rig, client_id, rig, None, None, None, uid=1)  # type: ignore[arg-type]
+        flight(Message(jsonrpc="2.0", id=1, result=result))
+        assert bytes(rig.out.data) == without_own_meta(response_line(client_id, result))
+        written = msgspec.json.decode(bytes(rig.out.data))["result"]
+        assert not strip_own_meta(written)
