@@ -231,8 +231,16 @@ class Pool:
             self._start_from_store(entry)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
-                if known is not None and not entry.snapshot.cached:
-                    entry.snapshot = msgspec.structs.replace(known, generation=1)
+                if (
+                    known is not None
+                    and standby_basis(known)
+                    and not standby_basis(entry.snapshot)
+                ):
+                    entry.snapshot = msgspec.structs.replace(
+                        known, generation=entry.snapshot.generation + 1
+                    )
+                # Only a whole discovery is served without a process; an empty or garbled
+                # one is made again now (its lists, if stored, are served meanwhile).
                 if standby_basis(entry.snapshot):
                     # Served from what it offered last time; started when a request needs it.
                     entry.state = EntryState.STANDBY
