@@ -51,6 +51,9 @@ TERMINAL_STATES = frozenset({EntryState.CLOSED, EntryState.FAILED})
 
 # Sessions whose cancelled calls an entry remembers (`PoolEntry.call_cut`): the newest ones.
 MAX_CUT_CALLS = 256
+# A cut call is taken to be over once its server has said nothing for this long (a server that
+# honours the cancel stops at once) or its time limit passed; a flood keeps it going.
+CUT_CALL_QUIET = 5.0
 
 # RFC 5424 severities as MCP names them, most verbose first.
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -296,9 +299,9 @@ class PoolEntry:
         self.progress_routes: dict[str, tuple[Handle, Any]] = {}
         self._next_progress = 1
         # Sessions whose calls were cancelled at the upstream while it may still be working
-        # on them (`call_cut`): session id -> until when (trio time). What a stdio server
-        # sends meanwhile is still theirs (X8: pool/_pool.py `log_audience`).
-        self.cut_calls: dict[str, float] = {}
+        # on them (`call_cut`): session id -> (until when, at the latest) in trio time. What
+        # a stdio server sends meanwhile is still theirs (X8: pool/_pool.py `log_audience`).
+        self.cut_calls: dict[str, tuple[float, float]] = {}
         # Log and progress messages no session could be shown (theirs has gone): dropped.
         self.dropped_notifications = 0
         self.stderr_history: list[str] = []
@@ -404,22 +407,31 @@ class PoolEntry:
 
     def call_cut(self, handle: Handle, upstream: Upstream) -> None:
         """A call of `handle`'s session was cancelled at `upstream`, which may go on with it
-        until the call's time limit: remembered that long (the newest MAX_CUT_CALLS sessions)."""
+        (cancelling is advisory): remembered until the server has been quiet CUT_CALL_QUIET
+        seconds (`heard`), at most the call's time limit (the newest MAX_CUT_CALLS sessions)."""
         if upstream is not self.upstream:
             return  # (an earlier connection's: nothing of it reaches us any more)
+        now = trio.current_time()
+        limit = now + upstream.request_timeout
         cut = self.cut_calls
         cut.pop(handle.session_id, None)
-        cut[handle.session_id] = trio.current_time() + upstream.request_timeout
+        cut[handle.session_id] = (min(limit, now + CUT_CALL_QUIET), limit)
         if len(cut) > MAX_CUT_CALLS:
             del cut[next(iter(cut))]
 
-    def cut_sessions(self, now: float) -> dict[str, float]:
-        """`cut_calls` without those past their time."""
+    def cut_sessions(self, now: float) -> dict[str, tuple[float, float]]:
+        """`cut_calls` without those that are over."""
         cut = self.cut_calls
         if cut:
-            for session_id in [s for s, until in cut.items() if until <= now]:
+            for session_id in [s for s, (until, _) in cut.items() if until <= now]:
                 del cut[session_id]
         return cut
+
+    def heard(self, now: float) -> None:
+        """The server sent something while calls were cut: they may still be at work."""
+        cut = self.cut_calls
+        for session_id, (_, limit) in cut.items():
+            cut[session_id] = (min(limit, now + CUT_CALL_QUIET), limit)
 
     def register_progress(self, handle: Handle, token: Any) -> str:
         """P3: a token unique on this upstream, mapped back to the session's own token."""

@@ -7,8 +7,8 @@ writer task drains the queue when the fd becomes writable. A message that may be
 message, a progress notification) goes through `write_lossy`, which drops it instead once the
 queue holds more than a fraction of the limit (DESIGN X8): a flood is shed before the peer is
 cut, and what must arrive (answers) still has the rest of the limit. Reads are `wait_readable`
-followed by one `os.read`. Measured on this machine this halves the per-call cost of a straightforward
-trio stream relay (276 us -> 119 us).
+followed by one `os.read`. Measured on this machine this halves the per-call cost of a
+straightforward trio stream relay (276 us -> 119 us).
 
 Works for pipes and for stream sockets alike (`os.write` on a socket fd is `send` with no flags;
 the interpreter ignores SIGPIPE, so a closed peer shows up as EPIPE).

@@ -231,11 +231,7 @@ class Pool:
             self._start_from_store(entry)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
-                if (
-                    known is not None
-                    and standby_basis(known)
-                    and not standby_basis(entry.snapshot)
-                ):
+                if known is not None and standby_basis(known) and not standby_basis(entry.snapshot):
                     entry.snapshot = msgspec.structs.replace(
                         known, generation=entry.snapshot.generation + 1
                     )
@@ -822,7 +818,7 @@ def log_audience(
     *,
     related: Handle | None,
     stdio: bool,
-    cut: Mapping[str, float],
+    cut: Mapping[str, object],
 ) -> tuple[Handle, ...]:
     """Who is shown an upstream's log message (DESIGN X8; pure): the handles it goes to, each
     as a lossy message; none when it belongs to a session no longer here, or to nobody (then
@@ -834,9 +830,9 @@ def log_audience(
     at the server now, and those whose calls were cut there (`cut`: cancelled, or their
     session closed, while the server may still be at them: `PoolEntry.call_cut`), are who it
     belongs to: one of them (a session that is still here gets it), or several (it goes to
-    those still here: the one it belongs to is among them). An unattributable message (stdio
-    with no session's call at the server, the HTTP GET stream) goes to every session of the
-    server: only as a lossy message, which never cuts anyone.
+    those still here: the one it belongs to is among them); `cut` is keyed by session id. An
+    unattributable message (stdio with no session's call at the server, the HTTP GET stream)
+    goes to every session of the server: only as a lossy message, which never cuts anyone.
     """
     if related is not None:
         return (related,) if any(h is related for h in handles) else ()
@@ -900,11 +896,16 @@ class _EntryEvents:
             return
         handles = list(entry.handles.values())
         if method == "notifications/message":
+            cut: Mapping[str, object] = entry.cut_calls
+            if cut:
+                now = trio.current_time()
+                cut = entry.cut_sessions(now)
+                entry.heard(now)  # a flood keeps the calls it belongs to going
             audience = log_audience(
                 handles,
                 related=getattr(self.upstream, "related_handle", None),
                 stdio=entry.identity.kind == "stdio",
-                cut=entry.cut_sessions(trio.current_time()),
+                cut=cut,
             )
             if not audience:
                 entry.dropped_notifications += 1

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from msgspec import Raw
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
+from mcpool.pool._entry import CUT_CALL_QUIET
 from mcpool.protocol import Message, response_line, strip_own_meta, without_own_meta
 from mcpool.session import Session
 from mcpool.session._flight import _InFlight
@@ -181,11 +182,36 @@ async def test_a_flood_during_a_call_reaches_its_session_alone_also_once_it_is_g
     assert logged(bystander_out) == []
     assert entry.dropped_notifications == 100
     assert not bystander.closed
-    # Once that call's time limit has passed, what the server says is nobody's call's again.
-    await trio.sleep(upstream.request_timeout + 1)
-    log(upstream, 203)
-    assert logged(bystander_out) == ["line 203"]
-    await settle()
+    # A flood with pauses shorter than CUT_CALL_QUIET is still that call's...
+    for n in range(203, 206):
+        await trio.sleep(CUT_CALL_QUIET - 1)
+        log(upstream, n)
+    assert logged(bystander_out) == [] and entry.dropped_notifications == 103
+    # ...and once the server has been quiet that long, what it says is nobody's call's again.
+    await trio.sleep(CUT_CALL_QUIET + 1)
+    log(upstream, 206)
+    assert logged(bystander_out) == ["line 206"]
+
+
+async def test_a_cut_call_owns_what_its_server_sends_no_longer_than_its_time_limit(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    rig = Rig(nursery, srv=FakeServer([tool("a")]))
+    caller, _ = await rig.attached({"srv": stdio()}, "caller")
+    _, bystander_out = await rig.attached({"srv": stdio()}, "bystander")
+    call(caller, 1, name="srv__a")
+    upstream = upstream_of(rig)
+    caller.close("gone")
+    started = trio.current_time()
+    n = 0
+    while trio.current_time() < started + upstream.request_timeout - CUT_CALL_QUIET:
+        log(upstream, n)  # a flood that never pauses long: dropped, every message
+        n += 1
+        await trio.sleep(CUT_CALL_QUIET / 2)
+    assert logged(bystander_out) == []
+    await trio.sleep(CUT_CALL_QUIET)
+    log(upstream, n)
+    assert logged(bystander_out) == [f"line {n}"]  # past the call's limit: it is over
 
 
 async def test_a_flood_during_a_cancelled_call_is_still_its_sessions(
