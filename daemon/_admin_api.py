@@ -253,6 +253,8 @@ class AdminApi(SettingsHost):
                     "tools": len(e.snapshot.tools),
                     "snapshot": describe_snapshot(e.snapshot),
                     "in_flight": up.in_flight if up is not None else 0,
+                    # Log and progress messages whose session had gone (X8): dropped.
+                    "dropped_notifications": e.dropped_notifications,
                     "transport_detail": e.identity.describe(),
                 }
             )
@@ -287,10 +289,10 @@ class AdminApi(SettingsHost):
                     "settings_generation": s.settings_generation,
                     "pending_notifications": len(s.pending_kinds),
                     "notifications_sent": s.notifications_sent,
-                    # Bytes waiting for the client, and lossy messages (log, progress) dropped
-                    # for it (an HTTP session's writer counts them: daemon/_http.py).
+                    # Bytes waiting for the client, and log and progress messages dropped while
+                    # its client was behind (X8).
                     "queued_bytes": s.out.buffered,
-                    "dropped_messages": getattr(s.out, "dropped", 0),
+                    "lossy_dropped": s.lossy_dropped,
                     "sources": st.sources,
                     "via": st.via,
                     "last_error": s.last_error,

@@ -750,7 +750,8 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
             _text(", ".join(session.get("servers") or []) or None),
             _text(session.get("generation")),
             _text(session.get("pending_notifications")),
-            _text(session.get("dropped_messages")),
+            # log/progress messages shed while the client was behind (X8)
+            _text(session.get("lossy_dropped")),
         )
     _print(table)
 

@@ -334,19 +334,40 @@ def _strings(value: Any, where: str) -> list[tuple[str, str]]:
 
 
 def _variable_notes(client: str, entry: dict[str, Any], project: Path | None) -> list[str]:
+    """One note per field holding a `$` reference mcpool does not expand. A note says where
+    it is and what kind of reference it is, never any of the text: a `$` inside a value may be
+    part of a secret (`sk-$live_...` is a key, not a reference), and the report is printed."""
     notes = []
     for where, text in _strings(entry, ""):
+        kinds: list[str] = []
         for m in _VAR.finditer(text):
             var = m.group(0)
             if var == "${workspaceFolder}" and client == "vscode" and project is not None:
                 continue
             if _EXPANDED.fullmatch(var):
                 continue  # mcpool expands it from the session's environment, as the client did
+            kind = _reference_kind(m)
+            if kind not in kinds:
+                kinds.append(kind)
+        if kinds:
             notes.append(
-                f"{where.lstrip('.')} uses {var}: mcpool expands only ${{VAR}} and "
-                "${VAR:-default}, this text is passed as written; replace it with the value"
+                f"{where.lstrip('.')} holds {' and '.join(kinds)}, passed as written (mcpool "
+                "expands only ${VAR} and ${VAR:-default}): check it, and put the value or "
+                "${VAR} there"
             )
     return notes
+
+
+def _reference_kind(m: re.Match[str]) -> str:
+    """What kind of `$` reference `m` is, in words that quote none of it."""
+    name = m.group("name")
+    if name is None:
+        return "a $ followed by a name (a $NAME reference, or a $ in the value itself)"
+    if name.startswith("input:"):
+        return "a VS Code ${input:...} variable"
+    if name.startswith("env:"):
+        return "an ${env:...} variable"
+    return "a ${...} variable"
 
 
 def _substitute(value: Any, old: str, new: str) -> Any:

@@ -126,8 +126,11 @@ class FileSnapshotStore:
             return self._ignored(path, f"larger than {MAX_SNAPSHOT_FILE_BYTES} bytes")
         try:
             record = _decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.MsgspecError as exc:  # not JSON, or not a record's shape
             return self._ignored(path, f"corrupt: {exc}")
+        except RecursionError:
+            # Nested deeper than the decoder goes (the interpreter's recursion limit).
+            return self._ignored(path, "corrupt: nested too deeply")
         if record.format != SNAPSHOT_FORMAT:
             return self._ignored(path, f"format {record.format}, not {SNAPSHOT_FORMAT}")
         if record.fingerprint != fingerprint:

@@ -49,6 +49,12 @@ class EntryState(enum.Enum):
 
 TERMINAL_STATES = frozenset({EntryState.CLOSED, EntryState.FAILED})
 
+# Sessions whose cancelled calls an entry remembers (`PoolEntry.call_cut`): the newest ones.
+MAX_CUT_CALLS = 256
+# A cut call is taken to be over once its server has said nothing for this long (a server that
+# honours the cancel stops at once) or its time limit passed; a flood keeps it going.
+CUT_CALL_QUIET = 5.0
+
 # RFC 5424 severities as MCP names them, most verbose first.
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -292,6 +298,12 @@ class PoolEntry:
         self.closed = trio.Event()
         self.progress_routes: dict[str, tuple[Handle, Any]] = {}
         self._next_progress = 1
+        # Sessions whose calls were cancelled at the upstream while it may still be working
+        # on them (`call_cut`): session id -> (until when, at the latest) in trio time. What
+        # a stdio server sends meanwhile is still theirs (X8: pool/_pool.py `log_audience`).
+        self.cut_calls: dict[str, tuple[float, float]] = {}
+        # Log and progress messages no session could be shown (theirs has gone): dropped.
+        self.dropped_notifications = 0
         self.stderr_history: list[str] = []
         self.era: str | None = None  # the era the last connection found (P1: cached per entry)
         self.needs_login = False  # the last connection ended for want of an OAuth login
@@ -392,6 +404,34 @@ class PoolEntry:
     def effective_log_level(self) -> str | None:
         """The most verbose level any session asked for (each session filters its own)."""
         return self.shared.effective_level()
+
+    def call_cut(self, handle: Handle, upstream: Upstream) -> None:
+        """A call of `handle`'s session was cancelled at `upstream`, which may go on with it
+        (cancelling is advisory): remembered until the server has been quiet CUT_CALL_QUIET
+        seconds (`heard`), at most the call's time limit (the newest MAX_CUT_CALLS sessions)."""
+        if upstream is not self.upstream:
+            return  # (an earlier connection's: nothing of it reaches us any more)
+        now = trio.current_time()
+        limit = now + upstream.request_timeout
+        cut = self.cut_calls
+        cut.pop(handle.session_id, None)
+        cut[handle.session_id] = (min(limit, now + CUT_CALL_QUIET), limit)
+        if len(cut) > MAX_CUT_CALLS:
+            del cut[next(iter(cut))]
+
+    def cut_sessions(self, now: float) -> dict[str, tuple[float, float]]:
+        """`cut_calls` without those that are over."""
+        cut = self.cut_calls
+        if cut:
+            for session_id in [s for s, (until, _) in cut.items() if until <= now]:
+                del cut[session_id]
+        return cut
+
+    def heard(self, now: float) -> None:
+        """The server sent something while calls were cut: they may still be at work."""
+        cut = self.cut_calls
+        for session_id, (_, limit) in cut.items():
+            cut[session_id] = (min(limit, now + CUT_CALL_QUIET), limit)
 
     def register_progress(self, handle: Handle, token: Any) -> str:
         """P3: a token unique on this upstream, mapped back to the session's own token."""

@@ -17,7 +17,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -45,6 +45,7 @@ from ._entry import (
     next_idle_since,
 )
 from ._guardian import Guardian
+from ._items import json_type, malformed_item, malformed_note
 from ._oauth import needs_login, oauth_failure
 from ._reuse import KnownItems
 from ._snapshots import (
@@ -227,9 +228,13 @@ class Pool:
             self._start_from_store(entry)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
-                if known is not None and not entry.snapshot.cached:
-                    entry.snapshot = msgspec.structs.replace(known, generation=1)
-                if known is not None or entry.snapshot.cached:
+                if known is not None and standby_basis(known) and not standby_basis(entry.snapshot):
+                    entry.snapshot = msgspec.structs.replace(
+                        known, generation=entry.snapshot.generation + 1
+                    )
+                # Only a whole discovery is served without a process; an empty or garbled
+                # one is made again now (its lists, if stored, are served meanwhile).
+                if standby_basis(entry.snapshot):
                     # Served from what it offered last time; started when a request needs it.
                     entry.state = EntryState.STANDBY
                     self._remember(entry, entry.snapshot)
@@ -261,11 +266,22 @@ class Pool:
         (flagged cached), and sessions waiting for it go on at once."""
         if self._snapshots is None:
             return
-        record = self._snapshots.load(entry.identity.fingerprint)
-        if record is None or record.fingerprint != entry.identity.fingerprint:
+        try:
+            record = self._snapshots.load(entry.identity.fingerprint)
+            if record is None or record.fingerprint != entry.identity.fingerprint:
+                return
+            snapshot = from_record(record, entry.snapshot.generation + 1)
+        except Exception as exc:
+            # A store must not raise for a bad record; one that does costs this entry its
+            # cache, never the session acquiring it (this runs in that session's task).
+            self.log(
+                "warning",
+                f"server '{entry.name}': stored snapshot ignored: {_describe(exc)}",
+                server=entry.name,
+            )
             return
         entry.stored = record
-        entry.snapshot = from_record(record, entry.snapshot.generation + 1)
+        entry.snapshot = snapshot
         entry.ready.set()
 
     def _store_snapshot(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
@@ -386,12 +402,15 @@ class Pool:
         handle.settings = capture_settings(settings)
 
     def restart(self, name: str) -> list[PoolEntry]:
-        """Restart every live entry of that server now, without backoff (R6 keeps teardown)."""
-        # A standby entry has no process to restart: it starts when a request needs it.
+        """Restart every live entry of that server now, without backoff (R6 keeps teardown).
+        A standby entry has no process to restart: it starts now, and its discovery replaces
+        the one it was served from (what a user asking for a restart wants to see)."""
         hit = [e for e in self._entries.values() if e.name == name]
-        hit = [e for e in hit if e.state is not EntryState.STANDBY]
         for entry in hit:
-            self.restart_entry(entry)
+            if entry.state is EntryState.STANDBY:
+                entry.wake_requested.set()
+            else:
+                self.restart_entry(entry)
         return [e for e in hit if e.state not in TERMINAL_STATES]
 
     def restart_entry(self, entry: PoolEntry) -> None:
@@ -603,6 +622,7 @@ class Pool:
         finally:
             entry.starting = None
             entry.upstream = None
+            entry.cut_calls.clear()  # the calls cut at that connection ended with it
             if self._connections.get(entry) is upstream:
                 del self._connections[entry]
             entry.stderr_history = list(upstream.stderr_tail)
@@ -625,6 +645,19 @@ class Pool:
         if entry.snapshot.available:
             entry.publish(Snapshot(generation=entry.snapshot.generation + 1))
         return failure
+
+
+def standby_basis(snapshot: Snapshot) -> bool:
+    """Whether a lazy server's last discovery is one to serve without starting it (STANDBY):
+    it listed something and left nothing out. An empty or garbled discovery (a server that was
+    not ready, or answered a list with something else) is made again on its next start."""
+    return (
+        snapshot.available
+        and not snapshot.notes
+        and bool(
+            snapshot.tools or snapshot.prompts or snapshot.resources or snapshot.resource_templates
+        )
+    )
 
 
 def _start_timeout(entry: PoolEntry) -> float:
@@ -657,50 +690,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-# The field every listed item must have as a string, per list; an item without it is unusable.
-_ITEM_KEYS = {
-    "tools": "name",
-    "prompts": "name",
-    "resources": "uri",
-    "resourceTemplates": "uriTemplate",
-}
-MAX_NOTED_ITEMS = 5  # malformed items described one by one in a note; the rest are counted
-
-
-def malformed_item(field: str, item: Any) -> str | None:
-    """Why a listed item cannot be used (pure), or None when it can."""
-    if not isinstance(item, dict):
-        return f"a non-object item ({_json_type(item)})"
-    key = _ITEM_KEYS.get(field)
-    if key is None or isinstance(item.get(key), str):
-        return None
-    if key not in item:
-        return f"an item with no {key}"
-    return f"an item whose {key} is {_json_type(item[key])}, not a string"
-
-
-def malformed_note(method: str, problems: list[str]) -> str:
-    """One line for what a list left out: `tools/list: 2 malformed items left out: ...`."""
-    shown = "; ".join(problems[:MAX_NOTED_ITEMS])
-    more = (
-        f"; and {len(problems) - MAX_NOTED_ITEMS} more" if len(problems) > MAX_NOTED_ITEMS else ""
-    )
-    count = f"{len(problems)} malformed item{'s' if len(problems) != 1 else ''}"
-    return f"{method}: {count} left out: {shown}{more}"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int | float):
-        return f"a number ({value!r})"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
 async def list_all(
     upstream: Upstream,
     method: str,
@@ -716,13 +705,15 @@ async def list_all(
     kept: list[Sequence[dict[str, Any]]] = []
     count = 0
     problems: list[str] = []
+    unread: list[str] = []  # answers that were no page at all (nothing of them listed)
     cursor: str | None = None
-    decode = None
-    if known is not None:
-        known.start()
+    # Items are decoded by a `KnownItems` always, a table of this listing alone when the
+    # caller keeps none: it is where mcpool's own `_meta` keys are removed (DESIGN X9).
+    table = known if known is not None else KnownItems()
+    table.start()
 
-        def decode(raw: msgspec.Raw) -> Any:
-            return known.decode(raw, field)
+    def decode(raw: msgspec.Raw) -> Any:
+        return table.decode(raw, field)
 
     for _ in range(MAX_LIST_PAGES):
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
@@ -731,9 +722,7 @@ async def list_all(
             page = result.get(field)
             if isinstance(page, list | tuple):  # (a tuple: `known`'s own items)
                 # Items accepted by the last listing, unchanged, need no check again.
-                fresh = page
-                if known is not None:
-                    fresh, known.fresh = known.fresh, []
+                fresh, table.fresh = table.fresh, []
                 if not any(malformed_item(field, item) for item in fresh):
                     kept.append(page)
                     count += len(page)
@@ -748,14 +737,19 @@ async def list_all(
                             problems.append(f"item {at}: {why}")
                     kept.append(good)
                     count += len(good)
+            else:
+                unread.append(f"a page whose {field} is {json_type(page)}, not an array")
             nxt = result.get("nextCursor")
             cursor = nxt if isinstance(nxt, str) and nxt else None
         else:
+            unread.append(f"an answer that is {json_type(result)}, not a page")
             cursor = None
         if cursor is None:
             break
     if problems and notes is not None:
         notes.append(malformed_note(method, problems))
+    if unread and notes is not None:
+        notes.append(f"{method}: {'; '.join(unread)}: nothing of it listed")
     if len(kept) == 1:
         # One page (the common case): its tuple, with no list in between (a pass over 5,000
         # scattered items fewer, and a free), or `known`'s own (no copy at all).
@@ -765,8 +759,7 @@ async def list_all(
         for part in kept:
             items.extend(part)
         listed = tuple(items)
-    if known is not None:
-        known.finish(listed)
+    table.finish(listed)
     return listed
 
 
@@ -816,25 +809,37 @@ async def discover(
     )
 
 
-_NOBODY: Any = object()  # `log_owner`: the message belongs to a session that is gone
+def log_audience(
+    handles: Sequence[Handle],
+    *,
+    related: Handle | None,
+    stdio: bool,
+    cut: Mapping[str, object],
+) -> tuple[Handle, ...]:
+    """Who is shown an upstream's log message (DESIGN X8; pure): the handles it goes to, each
+    as a lossy message; none when it belongs to a session no longer here, or to nobody (then
+    it is dropped and counted, never shown to another session).
 
-
-def log_owner(handles: list[Handle], *, related: Handle | None, stdio: bool) -> Any:
-    """Whose log message this is (issue 15, point 2): the handle it goes to alone; `_NOBODY`
-    when it belongs to a session no longer here (dropped); None when it is unattributable and
-    fans out to every session (each filters by the level it asked for).
-
-    HTTP: a message on the response stream of a session's request is that session's
-    (`related`); one on the stream of a request that is no longer a session's (released, or
-    one of mcpool's own) or on the GET stream is unattributable. stdio: a message sent while
-    exactly one session has requests in flight is that session's.
+    A message that belongs to a call goes to that call's session alone. HTTP: a message on
+    the response stream of a session's request is that session's (`related`: dropped when it
+    is gone); one on the GET stream is unattributable. stdio: the sessions with calls
+    at the server now, and those whose calls were cut there (`cut`: cancelled, or their
+    session closed, while the server may still be at them: `PoolEntry.call_cut`), are who it
+    belongs to: one of them (a session that is still here gets it), or several (it goes to
+    those still here: the one it belongs to is among them); `cut` is keyed by session id. An
+    unattributable message (stdio with no session's call at the server, the HTTP GET stream)
+    goes to every session of the server: only as a lossy message, which never cuts anyone.
     """
     if related is not None:
-        return related if any(h is related for h in handles) else _NOBODY
+        return (related,) if any(h is related for h in handles) else ()
     if not stdio:
-        return None
-    busy = [h for h in handles if h.in_flight > 0]
-    return busy[0] if len(busy) == 1 else None
+        return tuple(handles)
+    owners = {h.session_id for h in handles if h.in_flight > 0}
+    if cut:
+        owners.update(cut)
+    if not owners:
+        return tuple(handles)
+    return tuple(h for h in handles if h.session_id in owners)
 
 
 _LIST_CHANGED = {
@@ -873,12 +878,13 @@ class _EntryEvents:
         if method == "notifications/progress":
             decoded = _decode_params(params)
             route = entry.progress_routes.get(str(decoded.get("progressToken")))
-            if route is not None:
-                handle, token = route
-                decoded["progressToken"] = token
-                handle.listener.upstream_notification(
-                    entry, method, Raw(msgspec.json.encode(decoded))
-                )
+            if route is None:
+                # Its call is over, or its session gone: never anyone else's (X8).
+                entry.dropped_notifications += 1
+                return
+            handle, token = route
+            decoded["progressToken"] = token
+            handle.listener.upstream_notification(entry, method, Raw(msgspec.json.encode(decoded)))
             return
         spec = _LIST_CHANGED.get(method)
         if spec is not None:
@@ -886,15 +892,22 @@ class _EntryEvents:
             return
         handles = list(entry.handles.values())
         if method == "notifications/message":
-            owner = log_owner(
+            cut: Mapping[str, object] = entry.cut_calls
+            if cut:
+                now = trio.current_time()
+                cut = entry.cut_sessions(now)
+                entry.heard(now)  # a flood keeps the calls it belongs to going
+            audience = log_audience(
                 handles,
                 related=getattr(self.upstream, "related_handle", None),
                 stdio=entry.identity.kind == "stdio",
+                cut=cut,
             )
-            if owner is not None:
-                if owner is not _NOBODY:
-                    owner.listener.upstream_notification(entry, method, params)
-                return
+            if not audience:
+                entry.dropped_notifications += 1
+            for handle in audience:
+                handle.listener.upstream_notification(entry, method, params)
+            return
         for handle in handles:
             handle.listener.upstream_notification(entry, method, params)
 

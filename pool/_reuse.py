@@ -36,6 +36,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
+from mcpool.protocol import may_carry_own_meta, strip_own_meta
+
 _any = msgspec.json.Decoder()
 _items = msgspec.json.Decoder(list[msgspec.Raw])
 # Per list field: a page's items as raw bytes and its cursor, and the same with the items as
@@ -45,6 +47,16 @@ _pages: dict[str, tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]] =
 _BLOCK = 16384
 _PLACEHOLDER = b"0"
 _T = TypeVar("_T")
+
+
+def _decode_item(key: bytes) -> Any:
+    """One listed item decoded from its encoding, without the `_meta` keys that are mcpool's
+    alone (DESIGN X9: protocol/_meta.py): once per new encoding, for every view of the entry
+    (an unchanged item is the object decoded before, stripped then)."""
+    item = _any.decode(key)
+    if may_carry_own_meta(key, item=True):
+        strip_own_meta(item, item=True)
+    return item
 
 
 def _page_decoders(field: str) -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]:
@@ -317,7 +329,7 @@ class KnownItems:
             key = keys[position]
             found = known.get(key)
             if found is None:
-                found = known[key] = _any.decode(key)
+                found = known[key] = _decode_item(key)
                 fresh.append(found)
             decoded[position] = found
         if not starts and keys:
@@ -336,7 +348,7 @@ class KnownItems:
     def _item(self, key: bytes, known: dict[bytes, Any]) -> Any:
         found = known.get(key)
         if found is None:
-            found = known[key] = _any.decode(key)
+            found = known[key] = _decode_item(key)
             self.fresh.append(found)
         return found
 
@@ -348,7 +360,7 @@ class KnownItems:
             return page
         items = list(page.items)
         for i in again:
-            items[i] = _any.decode(_keys(page, i, i + 1)[0])
+            items[i] = _decode_item(_keys(page, i, i + 1)[0])
             self.fresh.append(items[i])
         return page._replace(items=tuple(items))
 

@@ -19,7 +19,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from mcpool.protocol import strip_own_meta
+
 from ._entry import Snapshot
+from ._items import malformed_item
 
 # A list already encoded as JSON: the pieces (the upstream's page bytes) that, joined, make it.
 EncodedList = tuple[bytes | memoryview, ...]
@@ -48,6 +51,9 @@ class StoredSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
     )
     instructions: str | None = None
     capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+    # What that discovery could not use (`Snapshot.notes`): a lazy server's discovery with any
+    # is made again on its next start rather than served (pool/_pool.py `standby_basis`).
+    notes: tuple[str, ...] = ()
 
     def same_content(self, other: StoredSnapshot) -> bool:
         """Equal but for when it was saved: no need to write it again."""
@@ -137,19 +143,46 @@ def to_record(
         resource_templates=snapshot.resource_templates,
         instructions=snapshot.instructions,
         capabilities=snapshot.capabilities,
+        notes=snapshot.notes,
     )
 
 
+# A record's list fields and the names their lists have on the wire (`malformed_item`).
+_RECORD_LISTS = (
+    ("tools", "tools"),
+    ("prompts", "prompts"),
+    ("resources", "resources"),
+    ("resource_templates", "resourceTemplates"),
+)
+
+
 def from_record(record: StoredSnapshot, generation: int) -> Snapshot:
-    """The entry's first snapshot, from what the server offered last time (flagged cached)."""
+    """The entry's first snapshot, from what the server offered last time (flagged cached).
+
+    A record is a file anyone with the user's uid could have written: its items are checked
+    as a live listing's are (an unusable one is left out) and lose mcpool's own `_meta` keys
+    (DESIGN X9), and the record's own bytes were the upstream's."""
+    lists = {attr: _usable(field, getattr(record, attr)) for attr, field in _RECORD_LISTS}
+    notes = record.notes
+    left_out = sum(len(getattr(record, attr)) - len(lists[attr]) for attr, _ in _RECORD_LISTS)
+    if left_out:
+        notes = (*notes, f"stored snapshot: {left_out} unusable item(s) left out")
     return Snapshot(
         generation=generation,
         available=True,
         cached=True,
-        tools=tuple(i for i in record.tools if isinstance(i, dict)),
-        prompts=tuple(i for i in record.prompts if isinstance(i, dict)),
-        resources=tuple(i for i in record.resources if isinstance(i, dict)),
-        resource_templates=tuple(i for i in record.resource_templates if isinstance(i, dict)),
+        tools=lists["tools"],
+        prompts=lists["prompts"],
+        resources=lists["resources"],
+        resource_templates=lists["resource_templates"],
         instructions=record.instructions,
         capabilities=record.capabilities,
+        notes=notes,
     )
+
+
+def _usable(field: str, items: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
+    kept = tuple(i for i in items if malformed_item(field, i) is None)
+    for item in kept:
+        strip_own_meta(item, item=True)
+    return kept

@@ -59,6 +59,13 @@ from ._jsonrpc import (
     split_result,
     to_raw,
 )
+from ._meta import (
+    OWN_META_PREFIX,
+    SETTINGS_META_KEYS,
+    may_carry_own_meta,
+    strip_own_meta,
+    without_own_meta,
+)
 from ._versions import (
     HANDSHAKE_VERSIONS,
     LATEST_HANDSHAKE,
@@ -95,11 +102,13 @@ __all__ = [
     "MODERN_VERSION",
     "MODERN_VERSIONS",
     "NOT_ROUTABLE",
+    "OWN_META_PREFIX",
     "PARSE_ERROR",
     "REQUEST_META_KEYS",
     "RESOURCE_NOT_FOUND",
     "SESSION_CLOSING",
     "SETTINGS_INVALID",
+    "SETTINGS_META_KEYS",
     "UNSUPPORTED_PROTOCOL_VERSION",
     "UPSTREAM_CLOSED",
     "UPSTREAM_TIMEOUT",
@@ -134,6 +143,7 @@ __all__ = [
     "decode_unchecked",
     "encode",
     "error_response",
+    "may_carry_own_meta",
     "negotiate",
     "notification",
     "request",
@@ -142,5 +152,7 @@ __all__ = [
     "response_line",
     "response_parts",
     "split_result",
+    "strip_own_meta",
     "to_raw",
+    "without_own_meta",
 ]

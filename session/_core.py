@@ -81,6 +81,7 @@ class SessionCore:
         "last_error",
         "listens",
         "log_level",
+        "lossy_dropped",
         "name",
         "name_budget",
         "notifications_sent",
@@ -142,6 +143,7 @@ class SessionCore:
     close_reason: str | None
     on_close: Callable[[Session], None] | None
     notifications_sent: int
+    lossy_dropped: int
     relayed: dict[str, _Relayed]
     _relay_ids: itertools.count[int]
     era: str | None
@@ -199,6 +201,26 @@ class SessionCore:
             self.out.write(data)
         except Exception as exc:
             self.close(str(exc))
+
+    def send_lossy(self, data: bytes) -> None:
+        """Send a message that may be dropped (log, progress: X8) when the client is not
+        reading fast enough; each drop counted (`daemonctl sessions`), the first logged."""
+        if self.closed:
+            return
+        try:
+            sent = self.out.write_lossy(data)
+        except Exception as exc:  # (a writer whose lossy write is a plain write)
+            self.close(str(exc))
+            return
+        if not sent:
+            self.lossy_dropped += 1
+            if self.lossy_dropped == 1:
+                self._log(
+                    f"session {self.id}: its client is not reading fast enough; log and "
+                    "progress messages for it are dropped while it is behind (counted in "
+                    "`daemonctl sessions`)",
+                    "info",
+                )
 
     def send_parts(self, parts: Sequence[bytes]) -> None:
         """`send(b"".join(parts))`, the parts written as they are (`Writer.write_parts`)."""
@@ -284,7 +306,7 @@ class SessionCore:
                 lines.append(whole)
 
         for flight in list(self.inflight.values()):
-            flight.upstream.cancel(flight.uid, reason)
+            flight.cut(reason)
             flight.finish()
             answer(flight.client_id, flight.batch)
         self.inflight.clear()
@@ -349,8 +371,7 @@ class SessionCore:
         if flight in self._holding:
             self._holding.remove(flight)
         self._refuse_asks(flight, why, reason)
-        if flight.uid >= 0:
-            flight.upstream.cancel(flight.uid, reason)
+        flight.cut(reason)
         flight.held = None
         flight.finish()
 

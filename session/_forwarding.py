@@ -29,6 +29,7 @@ from mcpool.protocol import (
     encode,
     notification,
     response,
+    without_own_meta,
 )
 
 from . import _params
@@ -209,7 +210,8 @@ class SessionForwarding(SessionCore):
         result = held.input_required(trio.current_time())
         if self.inflight.get(flight.client_id) is flight:
             del self.inflight[flight.client_id]
-        self.deliver(flight.batch, response(flight.client_id, result))
+        # The upstream's input requests are in it: no mcpool/* _meta keys of its (X9).
+        self.deliver(flight.batch, without_own_meta(response(flight.client_id, result)))
         if not self._hold_timer and self.spawn is not None:
             self._hold_timer = True
             self.spawn(self._expire_held)
@@ -380,9 +382,10 @@ class SessionForwarding(SessionCore):
                     self.log_level
                 ):
                     return
-            self.send(notification(method, params))
+            # Lossy (X8): a flood is shed before a client that reads is cut for it.
+            self.send_lossy(without_own_meta(notification(method, params)))
         elif method == "notifications/progress":
-            self.send(notification(method, params))
+            self.send_lossy(without_own_meta(notification(method, params)))
         elif method == "notifications/resources/updated":
             updated = _params.resource_updated(params)  # the uri is a string from here on
             p = decode_params(params)
@@ -395,13 +398,14 @@ class SessionForwarding(SessionCore):
                 params = UNSET
             if self.era is not MODERN:
                 if uri in self.subscriptions:
-                    self.send(notification(method, p if params is UNSET else params))
+                    line = notification(method, p if params is UNSET else params)
+                    self.send(without_own_meta(line))
                 return
             rest = meta or {}
             for listen_id, listen in self.listens.items():
                 if uri in listen.uris:
                     stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
-                    self.send(notification(method, stamped))
+                    self.send(without_own_meta(notification(method, stamped)))
 
     def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""
@@ -426,8 +430,9 @@ class SessionForwarding(SessionCore):
         token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
         downstream_id = f"mcpool-{next(self._relay_ids)}"
         self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
-        # Params are relayed byte for byte (omitted when the upstream sent none).
-        self.send(encode(Request("2.0", downstream_id, method, msg.params)))
+        # Params are relayed byte for byte (omitted when the upstream sent none), but for
+        # mcpool's own _meta keys (X9).
+        self.send(without_own_meta(encode(Request("2.0", downstream_id, method, msg.params))))
         return None
 
     def _client_response(self, msg: Message) -> None:

@@ -308,7 +308,7 @@ class SessionRequests(SessionGenerations):
                 why = c.reason or "cancelled by the client"
                 if flight.held is not None:  # a retry waiting on a held call: it ends too
                     self._let_go_held(flight, "the client cancelled the call", why)
-                flight.upstream.cancel(flight.uid, why)
+                flight.cut(why)
                 flight.finish()
                 if flight.batch is not None:
                     # A cancelled request gets no answer; its batch must not wait for one.

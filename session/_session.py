@@ -152,6 +152,8 @@ class Session(SessionRequests):
         self.close_reason: str | None = None
         self.on_close: Callable[[Session], None] | None = None
         self.notifications_sent = 0
+        # Log and progress messages dropped while its client was behind (`send_lossy`).
+        self.lossy_dropped = 0
         self.relayed: dict[str, _Relayed] = {}
         self._relay_ids = itertools.count(1)
         # None until the first request decides it (P1): HANDSHAKE or MODERN.

@@ -262,6 +262,10 @@ class BytesWriter:
     def write(self, data: bytes) -> None:
         self.data += data
 
+    def write_lossy(self, data: bytes) -> bool:
+        self.write(data)
+        return True
+
     def write_parts(self, parts: Sequence[bytes]) -> None:
         self.write(b"".join(parts))
 
@@ -278,11 +282,20 @@ class FakeWriter:
         self._drained = trio.Event()
         self._drained.set()
         self.drain_waits = 0
+        self.lossy_dropped = 0  # lossy messages dropped while blocked
 
     def write(self, data: bytes) -> None:
         for line in data.splitlines():
             if line.strip():
                 self.frames.append(json.loads(line))
+
+    def write_lossy(self, data: bytes) -> bool:
+        """As a real writer's: dropped (False) while it looks full (`block`)."""
+        if self.buffered:
+            self.lossy_dropped += 1
+            return False
+        self.write(data)
+        return True
 
     def write_parts(self, parts: Sequence[bytes]) -> None:
         self.write(b"".join(parts))

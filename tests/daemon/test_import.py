@@ -79,7 +79,7 @@ def test_vscode_servers_with_type_inputs_and_comments() -> None:
     text = "\n".join(notes)
     assert "input prompts (perplexity-key)" in text
     assert "perplexity: envFile" in text
-    assert "env.PERPLEXITY_API_KEY uses ${input:perplexity-key}" in text
+    assert "perplexity: env.PERPLEXITY_API_KEY holds a VS Code ${input:...} variable" in text
     assert "sock: skipped, transport type 'ws' is not supported" in text
     assert "dev-server: VS Code's dev (watch/debug) settings ignored" in text
 
@@ -94,7 +94,7 @@ def test_cursor_url_becomes_streamable_http() -> None:
     assert servers["linear"]["disabled"] is True
     text = "\n".join(notes)
     assert 'remote: url without "type": imported as streamable HTTP' in text
-    assert "web-search: env.KEY uses ${env:SEARCH_KEY}" in text
+    assert "web-search: env.KEY holds an ${env:...} variable" in text
 
 
 def test_gemini_fields_are_mcpools_own() -> None:
@@ -116,7 +116,7 @@ def test_gemini_fields_are_mcpools_own() -> None:
     text = "\n".join(notes)
     assert "gcp: authProviderType not carried over" in text
     assert "pythonTools: cwd './mcp-servers/python' is relative" in text
-    assert "env.DATABASE_URL uses $DB_CONNECTION_STRING" in text
+    assert "env.DATABASE_URL holds a $ followed by a name" in text
     assert "legacy: imported disabled" in text
 
 
@@ -318,6 +318,35 @@ def test_variables_the_daemon_expands_are_carried_over_without_a_note(tmp_path: 
     assert servers["api"] == doc["mcpServers"]["api"]
     # Only the form mcpool does not expand is worth a note.
     assert notes == [
-        "api: env.OTHER uses $BARE: mcpool expands only ${VAR} and ${VAR:-default}, this text is "
-        "passed as written; replace it with the value"
+        "api: env.OTHER holds a $ followed by a name (a $NAME reference, or a $ in the value "
+        "itself), passed as written (mcpool expands only ${VAR} and ${VAR:-default}): check it, "
+        "and put the value or ${VAR} there"
     ]
+
+
+def test_the_report_never_quotes_a_value_that_may_be_a_secret(tmp_path: Path) -> None:
+    """Issue 26: the report printed `$live_9Xq7SECRET` from `sk-$live_9Xq7SECRET`. A `$`
+    inside a value is reported by where it is (server and field), with none of its text."""
+    secrets = ["sk-$live_9Xq7SECRET", "pw${input:sEcReT1}", "x$${env:tok3nVALUE}y", "a$Zq9"]
+    doc = {
+        "mcpServers": {
+            "api": {
+                "command": "api-server",
+                "args": ["--key", secrets[0]],
+                "env": {"PASSWORD": secrets[1], "TOKEN": secrets[2]},
+                "headers": {"Authorization": secrets[3]},
+            }
+        }
+    }
+    source = tmp_path / "mcp.json"
+    source.write_text(json.dumps(doc))
+    done = mcpool(
+        "import", "--from", "claude-desktop", str(source),
+        "--output", str(tmp_path / "out.json"), "--dry-run", home=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = done.stderr
+    for where in ("api: args[1]", "api: env.PASSWORD", "api: env.TOKEN", "api: headers.Author"):
+        assert where in report, report
+    for part in ("live_9Xq7SECRET", "sEcReT1", "tok3nVALUE", "Zq9", "sk-"):
+        assert part not in report, (part, report)

@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from mcpool.daemon._snapshots import snapshot_file_name
@@ -138,8 +139,20 @@ async def test_a_changed_server_version_invalidates_the_snapshot(
     assert "stored snapshot invalidated: the server's version changed ('1.0' -> '2.0')" in log
 
 
+# Not JSON; and one nested deeper than the decoder goes (issue 26: a RecursionError reached
+# the session that acquired the server, as an internal error).
+CORRUPT = {
+    "undecodable": b'{"format": 1, "fingerprint": ' + b"\xff" * 10,
+    "nested": b'{"format": 1, "fingerprint": "F", "tools": [{"name": "deep", "x": '
+    + b"[" * 50_000
+    + b"]" * 50_000
+    + b"}]}",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT))
 async def test_a_corrupt_cache_file_is_ignored_with_a_log_line(
-    daemon_factory: DaemonFactory,
+    daemon_factory: DaemonFactory, kind: str
 ) -> None:
     daemon = await daemon_factory()
     settings = daemon.settings_file("settings.json", {"fake": fake_server()})
@@ -152,19 +165,23 @@ async def test_a_corrupt_cache_file_is_ignored_with_a_log_line(
     folder = _cache_dir(daemon)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / snapshot_file_name(fingerprint)
-    path.write_bytes(b'{"format": 1, "fingerprint": ' + b"\xff" * 10)
+    path.write_bytes(CORRUPT[kind].replace(b'"F"', json.dumps(fingerprint).encode()))
     await daemon.start()
     async with daemon.raw() as client:
         client.receive_timeout = STEP_TIMEOUT
         await raw_attach(client, [str(settings)], "second")
         answer = await raw_call(client, "fake__echo", {"text": "still works"})
         assert raw_text(answer) == "still works"
-    assert f"snapshot cache file {path} ignored: corrupt" in daemon.log_path.read_text()
+        listed = await client.request("tools/list")
+        assert "fake__echo" in [t["name"] for t in listed["result"]["tools"]], listed
+    log = daemon.log_path.read_text()
+    assert f"snapshot cache file {path} ignored: corrupt" in log
+    assert "internal error" not in log
 
     def replaced() -> bool:
         try:
             return bool(json.loads(path.read_bytes())["fingerprint"] == fingerprint)
-        except ValueError:
+        except (ValueError, RecursionError):  # (not replaced yet: the corrupt one)
             return False
 
     with trio.fail_after(STEP_TIMEOUT):

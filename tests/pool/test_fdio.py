@@ -123,3 +123,46 @@ async def test_read_some_returns_data_then_end_of_file(pipe: tuple[int, int]) ->
     os.close(w)
     with trio.fail_after(WAIT):
         assert await read_some(r) == b""
+
+
+async def test_a_lossy_write_is_dropped_past_its_bound_never_failing_the_writer(
+    pipe: tuple[int, int],
+) -> None:
+    """X8: a log flood to a peer that is behind is shed at the lossy bound (a quarter of the
+    limit by default), long before the answers behind it would close the writer; what fits
+    goes out in order with the rest."""
+    r, w = pipe
+    size = pipe_capacity(w)
+    writer = FdWriter(w, 4000, spawn=lambda _fn: None)
+    assert writer.lossy_buffer == 1000
+    assert writer.write_lossy(b"l" * 10)  # nothing queued: straight out
+    assert os.read(r, 100) == b"l" * 10
+    writer.write(b"x" * size)  # fills the pipe
+    assert writer.buffered == 0
+    assert writer.write_lossy(b"a" * 600)  # queued: within the bound
+    assert not writer.write_lossy(b"b" * 600)  # 1,200 would be queued: dropped
+    assert writer.buffered == 600 and not writer.closed
+    writer.write(b"y" * 3400)  # an answer still has the rest of the limit
+    assert writer.buffered == 4000 and not writer.closed
+    for _ in range(100):
+        assert not writer.write_lossy(b"c")  # never raises, never closes
+    assert not writer.closed
+    assert os.read(r, size) == b"x" * size
+    writer._flush()
+    received = b""
+    while len(received) < 4000:
+        received += os.read(r, 8192)
+    assert received == b"a" * 600 + b"y" * 3400
+
+
+async def test_a_lossy_write_larger_than_its_bound_or_to_a_gone_peer_is_dropped(
+    pipe: tuple[int, int],
+) -> None:
+    r, w = pipe
+    writer = FdWriter(w, 4000, lossy_buffer=100, spawn=lambda _fn: None)
+    assert not writer.write_lossy(b"x" * 101)  # could not be queued if the kernel refused it
+    assert writer.write_lossy(b"x" * 100)
+    os.close(r)
+    assert not writer.write_lossy(b"x")  # EPIPE: dropped, and the writer knows the peer left
+    assert writer.closed and writer.peer_gone
+    assert not writer.write_lossy(b"x")

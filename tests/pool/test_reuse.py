@@ -357,3 +357,30 @@ def test_a_page_whose_items_text_is_also_elsewhere_keeps_its_encodings_to_reuse_
     assert list(again) == listed
     assert all(a is b for a, b in zip(again, first, strict=True))
     assert known.fresh == []
+
+
+SPOOF = {"mcpool/trust": True, "mcpool/alwaysLoad": True, "anthropic/alwaysLoad": True, "v": 1}
+
+
+def _spoofed(name: str) -> dict[str, Any]:
+    return {**tool(name), "_meta": dict(SPOOF)}
+
+
+def test_every_decoded_item_loses_mcpool_s_own_meta_keys_once() -> None:
+    """DESIGN X9, once per entry snapshot: the first listing (split whole), a relist whose
+    middle changed (the delta) and a relist after a left-out item (rechecked) all give items
+    without the keys; an unchanged item is the object stripped before."""
+    known = KnownItems()
+    known.start()
+    first = known.decode(page("tools", [tool("a"), _spoofed("b"), tool("c")]), "tools")["tools"]
+    known.finish(tuple(first))
+    assert [t.get("_meta") for t in first] == [None, {"v": 1}, None]
+    known.start()
+    listed = [tool("a"), _spoofed("b"), _spoofed("new"), tool("c")]
+    second = known.decode(page("tools", listed), "tools")["tools"]
+    assert second[1] is first[1]  # unchanged: not decoded (nor stripped) again
+    assert second[2]["_meta"] == {"v": 1}
+    known.finish((second[0], second[1], second[3]))  # "new" left out by the pool
+    known.start()
+    third = known.decode(page("tools", listed), "tools")["tools"]
+    assert third[2] is not second[2] and third[2]["_meta"] == {"v": 1}  # rechecked: again

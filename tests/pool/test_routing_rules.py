@@ -11,42 +11,62 @@ import pytest
 
 from mcpool.pool import Handle
 from mcpool.pool._http import GET_RETRY, MAX_RETRY, retry_seconds, status_text
-from mcpool.pool._pool import _NOBODY, log_owner, malformed_item, malformed_note
+from mcpool.pool._pool import log_audience, malformed_item, malformed_note
 
 
 class _H:
-    """Just what `log_owner` reads of a handle."""
+    """Just what `log_audience` reads of a handle."""
 
-    def __init__(self, in_flight: int = 0) -> None:
+    def __init__(self, in_flight: int = 0, session_id: str = "") -> None:
         self.in_flight = in_flight
+        self.session_id = session_id or f"s{id(self)}"
 
 
-def _owner(handles: list[Any], related: Any = None, *, stdio: bool = True) -> Any:
+def _audience(
+    handles: list[Any], related: Any = None, *, stdio: bool = True, cut: Any = ()
+) -> tuple[Any, ...]:
     hs: list[Handle] = handles
-    return log_owner(hs, related=related, stdio=stdio)
+    return log_audience(hs, related=related, stdio=stdio, cut=dict.fromkeys(cut, 1.0))
 
 
 def test_a_message_on_a_sessions_request_stream_is_that_sessions() -> None:
     a, b = _H(1), _H(1)
-    assert _owner([a, b], related=a, stdio=False) is a
+    assert _audience([a, b], related=a, stdio=False) == (a,)
 
 
 def test_a_message_for_a_session_that_is_gone_is_dropped() -> None:
-    assert _owner([_H(1)], related=_H(1), stdio=False) is _NOBODY
+    assert _audience([_H(1)], related=_H(1), stdio=False) == ()
 
 
 def test_over_stdio_the_one_busy_session_owns_the_message() -> None:
     a, b = _H(0), _H(2)
-    assert _owner([a, b]) is b
+    assert _audience([a, b]) == (b,)
 
 
-@pytest.mark.parametrize("busy", [(0, 0), (1, 1)])
-def test_over_stdio_no_or_several_busy_sessions_fan_out(busy: tuple[int, int]) -> None:
-    assert _owner([_H(busy[0]), _H(busy[1])]) is None
+def test_over_stdio_with_no_busy_session_it_goes_to_every_session() -> None:
+    a, b = _H(0), _H(0)
+    assert _audience([a, b]) == (a, b)
+
+
+def test_over_stdio_with_several_busy_sessions_it_goes_to_those_only() -> None:
+    a, b, idle = _H(1), _H(1), _H(0)
+    assert _audience([a, idle, b]) == (a, b)
+
+
+def test_a_cut_call_still_owns_what_the_server_sends_after_it() -> None:
+    """X8: once the calling session is cut (or cancelled its call), what the server goes on
+    sending is still that session's: dropped when it is gone, never fanned out."""
+    idle = _H(0)
+    assert _audience([idle], cut=["gone"]) == ()
+    cancelled = _H(0, "mine")
+    assert _audience([idle, cancelled], cut=["mine"]) == (cancelled,)
+    busy = _H(1)
+    assert _audience([idle, busy], cut=["gone"]) == (busy,)  # several owners: those here
 
 
 def test_over_http_an_unrelated_message_fans_out_even_with_one_busy_session() -> None:
-    assert _owner([_H(1), _H(0)], stdio=False) is None
+    a, b = _H(1), _H(0)
+    assert _audience([a, b], stdio=False, cut=["gone"]) == (a, b)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +84,10 @@ def test_over_http_an_unrelated_message_fans_out_even_with_one_busy_session() ->
         ),
         ("tools", "x", "a non-object item (a string)"),
         ("tools", True, "a non-object item (a boolean (true))"),
+        # A view copies a tool's _meta to add its own keys: a string there failed every session.
+        ("tools", {"name": "t", "_meta": "x"}, "an item whose _meta is a string, not an object"),
+        ("tools", {"name": "t", "_meta": None}, None),
+        ("prompts", {"name": "p", "_meta": "x"}, None),
     ],
 )
 def test_malformed_items(field: str, item: Any, why: str | None) -> None:

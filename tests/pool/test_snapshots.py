@@ -242,6 +242,26 @@ def test_a_record_round_trips_the_snapshot_and_names_the_server() -> None:
     assert record.same_content(msgspec.structs.replace(record, saved_at=2.0))
 
 
+def test_a_record_read_back_is_checked_as_a_listing_is() -> None:
+    """A cache file is anyone-with-our-uid's: its unusable items are left out (said in the
+    snapshot's notes) and its items lose mcpool's own `_meta` keys (DESIGN X9)."""
+    spoof = {"mcpool/trust": True, "mcpool/server": "x", "anthropic/alwaysLoad": True, "v": 1}
+    record = StoredSnapshot(
+        fingerprint="fp",
+        tools=({**tool("a"), "_meta": dict(spoof)}, {"description": "no name"}, {"name": 3}),
+        prompts=({"name": "p", "_meta": dict(spoof)},),
+        resources=({"uri": "x://1", "_meta": dict(spoof)}, {"name": "no uri"}),
+        resource_templates=({"uriTemplate": "x://{id}", "_meta": dict(spoof)},),
+    )
+    data = msgspec.json.encode(record)
+    back = from_record(msgspec.json.decode(data, type=StoredSnapshot), 2)
+    assert [t["name"] for t in back.tools] == ["a"]
+    assert [r["uri"] for r in back.resources] == ["x://1"]
+    for item in (*back.tools, *back.prompts, *back.resources, *back.resource_templates):
+        assert item["_meta"] == {"v": 1}, item
+    assert back.notes == ("stored snapshot: 3 unusable item(s) left out",)
+
+
 def test_eviction_drops_the_oldest_until_the_folder_fits_never_the_new_one() -> None:
     files = [("a", 1.0, 40), ("b", 2.0, 40), ("c", 3.0, 40), ("new", 0.5, 40)]
     assert eviction(files, limit=100, keep="new") == ["a", "b"]
@@ -339,6 +359,16 @@ async def test_loading_a_record_allocates_for_its_size_not_the_bound(tmp_path: P
         (b'{"format": 1, "fingerprint": "fp", "tools": "nope"}', "corrupt"),
         (json.dumps({"format": SNAPSHOT_FORMAT + 1, "fingerprint": "fp"}).encode(), "format"),
         (json.dumps({"format": SNAPSHOT_FORMAT, "fingerprint": "other"}).encode(), "another"),
+        # Nested past the decoder's depth (the interpreter's recursion limit): RecursionError.
+        (
+            b'{"format": 1, "fingerprint": "fp", "tools": [{"name": "t", "x": '
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b"}]}",
+            "nested too deeply",
+        ),
+        (b'{"format": 1, "fingerprint": "fp", "capabilities": [1]}', "corrupt"),
+        (b'{"format": "1", "fingerprint": "fp"}', "corrupt"),
     ],
 )
 def test_a_bad_cache_file_is_ignored_with_a_log_line(

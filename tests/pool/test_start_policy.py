@@ -6,13 +6,22 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
 from fakes import FakeNet, FakeServer, stdio, tool
 
 from mcpool.daemon._settings import parse_settings
-from mcpool.pool import EntryState, Handle, Pool, PoolEntry, PoolOptions, identity_of
+from mcpool.pool import (
+    EntryState,
+    Handle,
+    MemorySnapshotStore,
+    Pool,
+    PoolEntry,
+    PoolOptions,
+    identity_of,
+)
 from mcpool.pool._pool import KNOWN_SNAPSHOTS
 from mcpool.protocol import SettingsError
 
@@ -66,7 +75,6 @@ async def test_a_lazy_entry_with_a_known_snapshot_is_standby_and_drains_without_
     assert entry.ready.is_set()  # nothing to wait for: its lists are known
     assert [t["name"] for t in entry.snapshot.tools] == ["a"]
     assert entry.snapshot.available
-    assert pool.restart("lz") == []  # no process to restart: it starts when a request needs it
     await trio.sleep(0.5)
     assert entry.state is EntryState.STANDBY
     pool.release(again)
@@ -116,7 +124,8 @@ async def test_a_failed_start_is_logged_with_the_server_and_why(
 async def test_known_snapshots_are_bounded(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
-    pool = new_pool(nursery, FakeNet(), drain_grace=0.0)
+    servers = {f"s{i}": FakeServer([tool("a")]) for i in range(KNOWN_SNAPSHOTS + 3)}
+    pool = new_pool(nursery, FakeNet(eager=FakeServer([tool("a")]), **servers), drain_grace=0.0)
     eager = lease(pool, "eager")
     await eager.entry.ready.wait()
     assert pool._known == {}  # only lazy servers' lists are kept
@@ -130,6 +139,99 @@ async def test_known_snapshots_are_bounded(
     assert first.entry.state is EntryState.SPAWNING  # the oldest was forgotten
     last = lease(pool, f"s{KNOWN_SNAPSHOTS + 2}", start="lazy")
     assert last.entry.state is EntryState.STANDBY
+
+
+async def _learned(pool: Pool, **fields: Any) -> Handle:
+    """A lazy server seen once (its discovery known), drained, and leased again."""
+    first = lease(pool, start="lazy", **fields)
+    await first.entry.ready.wait()
+    pool.release(first)
+    await first.entry.closed.wait()
+    return lease(pool, start="lazy", **fields)
+
+
+@pytest.mark.parametrize(
+    ("first", "why"),
+    [
+        ([], "empty: nothing listed"),
+        ([tool("a"), {"description": "no name"}], "garbled: an item left out"),
+        ([{"name": 3}], "garbled: its only tool left out"),
+    ],
+)
+async def test_a_lazy_entry_whose_discovery_was_empty_or_garbled_is_discovered_again(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, first: list[Any], why: str
+) -> None:
+    server = FakeServer(first)
+    pool = new_pool(nursery, FakeNet(lz=server), drain_grace=1.0)
+    server.tools = first
+    again = await _learned(pool)
+    assert again.entry.state is EntryState.SPAWNING, why  # not served it forever: started
+    server.tools = [tool("a"), tool("b")]
+    with trio.fail_after(5):
+        while again.entry.upstream is None:
+            await again.entry.state_changed.wait()
+    assert server.starts == 2
+    assert [t["name"] for t in again.entry.snapshot.tools] == ["a", "b"]
+    assert not again.entry.snapshot.cached and not again.entry.snapshot.notes
+
+
+async def test_a_stored_empty_or_garbled_discovery_of_a_lazy_server_is_discovered_again(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = MemorySnapshotStore()
+    server = FakeServer([tool("a")])
+    pool = Pool(
+        nursery,
+        PoolOptions(drain_grace=1.0),
+        rng=random.Random(1),
+        upstream_factory=FakeNet(lz=server).factory,  # type: ignore[arg-type]
+        snapshots=store,
+    )
+    handle = lease(pool, start="lazy")
+    await handle.entry.ready.wait()
+    fingerprint = handle.entry.identity.fingerprint
+    pool.release(handle)
+    await handle.entry.closed.wait()
+    await store.settled()
+    good = store.records[fingerprint]
+    pool._known.clear()  # a cold daemon: only the store knows the server
+    assert lease(pool, "lz", start="lazy").entry.state is EntryState.STANDBY  # a whole one
+    for bad in (
+        msgspec.structs.replace(good, tools=()),
+        msgspec.structs.replace(good, notes=("tools/list: 1 malformed item left out: x",)),
+        msgspec.structs.replace(good, tools=({"description": "no name"},)),
+    ):
+        for h in [h for e in pool.entries() for h in e.handles.values()]:
+            pool.release(h)
+            await h.entry.closed.wait()
+        pool._known.clear()
+        store.records[fingerprint] = bad
+        entry = lease(pool, start="lazy").entry
+        assert entry.state is EntryState.SPAWNING, bad
+        assert entry.snapshot.cached  # served meanwhile, as an eager server's is
+        with trio.fail_after(5):
+            while entry.upstream is None:
+                await entry.state_changed.wait()
+        assert [t["name"] for t in entry.snapshot.tools] == ["a"]
+        await store.settled()
+        assert store.records[fingerprint].tools == good.tools  # the new discovery is kept
+
+
+async def test_restart_of_a_standby_entry_discovers_it_again(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = FakeServer([tool("a")])
+    pool = new_pool(nursery, FakeNet(lz=server), drain_grace=1.0)
+    again = await _learned(pool)
+    entry = again.entry
+    assert entry.state is EntryState.STANDBY
+    server.tools = [tool("b")]
+    assert pool.restart("lz") == [entry]  # `daemonctl restart`: it starts now
+    with trio.fail_after(5):
+        while entry.upstream is None:
+            await entry.state_changed.wait()
+    assert server.starts == 2
+    assert [t["name"] for t in entry.snapshot.tools] == ["b"]
 
 
 def test_start_and_the_daemon_options_are_validated_naming_file_server_and_field() -> None:

@@ -151,6 +151,10 @@ class _Lines:
     def write(self, data: bytes) -> None:
         self.lines.append(data)
 
+    def write_lossy(self, data: bytes) -> bool:
+        self.write(data)
+        return True
+
     def write_parts(self, parts: Sequence[bytes]) -> None:
         self.write(b"".join(parts))
 

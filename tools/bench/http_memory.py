@@ -104,7 +104,7 @@ def flood(conn: LineConn, messages: int, first_id: int) -> None:
 def http_stats(daemon: Daemon) -> tuple[int, int, int]:
     """HTTP sessions: (how many, lossy messages dropped in all, most bytes queued for one)."""
     mine = [s for s in daemon.admin("sessions") if s["via"] == "http"]
-    dropped = sum(s.get("dropped_messages", 0) for s in mine)
+    dropped = sum(s.get("lossy_dropped", 0) for s in mine)
     return len(mine), dropped, max((s.get("queued_bytes", 0) for s in mine), default=0)
 
 
