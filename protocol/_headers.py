@@ -49,9 +49,11 @@ _ERROR_STATUS = {
     METHOD_NOT_FOUND: 404,
 }
 
-_SAFE_VALUE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_SENTINEL = re.compile(r"^=\?base64\?(.*)\?=$", re.DOTALL)
+# `\Z`, never `$`: `$` also matches before a final newline, which would let "a\n" pass as a
+# plain header value (a header injection). Each is used with `match`, anchored at the start.
+_SAFE_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\Z")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_SENTINEL = re.compile(r"=\?base64\?(.*)\?=\Z", re.DOTALL)
 _SAFE_INTEGER = 2**53 - 1  # x-mcp-header integers must be JavaScript-safe
 
 
@@ -175,7 +177,7 @@ def header_mismatch(method: str, params: Any, headers: dict[str, str]) -> str | 
     return None
 
 
-_HEADER_CHARS = re.compile(r"^[\x20-\x7e]*$")
+_HEADER_CHARS = re.compile(r"[\x20-\x7e]*\Z")
 
 
 def _body_matches(header: str, body: Any) -> bool:

@@ -25,6 +25,14 @@ def test_value_encoding_follows_the_spec_table() -> None:
     assert encode_header_value("=?base64?literal?=") == "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
 
 
+def test_a_value_ending_in_a_newline_is_encoded_not_passed_as_it_is() -> None:
+    # A regex `$` matches before a final newline: "a\n" once passed as a plain value.
+    for value in ("a\n", "0\n", "=?base64?YQ==?=\n"):
+        encoded = encode_header_value(value)
+        assert encoded.startswith("=?base64?") and "\n" not in encoded
+        assert decode_header_value(encoded) == value
+
+
 @given(st.text())
 def test_every_value_round_trips_and_is_a_safe_header(value: str) -> None:
     encoded = encode_header_value(value)
