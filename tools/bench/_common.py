@@ -319,8 +319,8 @@ class Daemon:
             ],
             env=env,
             # Not the caller's: `-m` puts the working directory first on sys.path, and in a
-            # checkout that is the `mcpool` package of the checkout, ahead of a PYTHONPATH
-            # (cpu.py's `--baseline` daemon would run this checkout's code).
+            # checkout of a revision before src/mcpool that is the checkout's `mcpool` package,
+            # ahead of a PYTHONPATH (cpu.py's `--baseline` daemon would run this checkout's code).
             cwd=self.dir,
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.dir, "stderr"), "w"),  # noqa: SIM115

@@ -61,9 +61,13 @@ def export_revision(rev: str) -> str:
     subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
     pkg = os.path.join(root, "pkg")
     os.mkdir(pkg)
-    os.symlink(os.path.join(tree, "mcpool"), os.path.join(pkg, "mcpool"))
+    # The package's own files: src/mcpool, or a top-level mcpool/ in revisions before the move.
+    own = os.path.join(tree, "src", "mcpool")
+    if not os.path.isdir(own):
+        own = os.path.join(tree, "mcpool")
+    os.symlink(own, os.path.join(pkg, "mcpool"))
     for layer in LAYERS:
-        os.symlink(os.path.join(tree, layer), os.path.join(tree, "mcpool", layer))
+        os.symlink(os.path.join(tree, layer), os.path.join(own, layer))
     return pkg
 
 

@@ -479,7 +479,7 @@ def list_changed_side_by_side(baseline: str, repeat: int, callgrind: bool) -> di
 
 # The layer folders and where a wheel puts them (pyproject.toml's package-dir).
 LAYERS = {
-    "mcpool": "mcpool",
+    "src/mcpool": "mcpool",
     "protocol": "mcpool/protocol",
     "pool": "mcpool/pool",
     "session": "mcpool/session",
