@@ -842,8 +842,8 @@ async def test_real_client_starts_the_daemon_cold(
     MATRIX[key]["daemon_up"] = True
 
 
-# 52 characters (issue 28): `<server>__env` alone fits 64, but not after a client's own prefix
-# (issue 13 saw Claude Code send 77-character names, which the real Anthropic API rejects;
+# 52 characters (issue 28): `<server>__echo` alone fits 64, but not after any client's own
+# prefix (issue 13 saw Claude Code send 77-character names, which the real Anthropic API rejects;
 # gemini-cli cut them in the middle, Qwen Code at 63; issue 28 saw opencode send 71, and Copilot
 # CLI and Cline re-cut them with their own digests, `whoami` becoming `whoa`).
 LONG_SERVER = "atlassian-confluence-enterprise-workspace-eu-west-1a"
@@ -861,13 +861,12 @@ async def test_long_server_names_fit_the_clients_own_limit(
     client = CLIENTS[key]
     daemon = await daemon_factory()
     token = f"tok-{uuid.uuid4().hex}"
-    entry = fake_server(MCPOOL_TOKEN=token)
     settings = daemon.settings_file(
-        "settings.json", {LONG_SERVER: {**entry, "includeTools": ["env"]}}
+        "settings.json", {LONG_SERVER: {**fake_server(), "includeTools": ["echo"]}}
     )
     # The tool's own name must reach the model whole: a client that re-cut mcpool's name to fit
-    # would show something not ending in `__env`, which the model cannot find.
-    script = Script(suffix="__env", arguments={"name": "MCPOOL_TOKEN"})
+    # would show something not ending in `__echo`, which the model cannot find.
+    script = Script(suffix="__echo", arguments={"text": token})
     run = await run_client(client, exe, client_peers, daemon, settings, tmp_path, script)
     assert run.returncode == 0, run.explain()
     # The name as the model saw it, the client's own prefix included, fits the client's cap
@@ -878,6 +877,7 @@ async def test_long_server_names_fit_the_clients_own_limit(
     seen = script.exposed.rsplit("/", 1)[-1]
     MATRIX.setdefault(key, {})["long_name"] = len(seen)
     assert len(seen) <= client.name_limit, script.exposed
+    assert any(token in r for t in run.model.turns() for r in t.results), run.explain()
     assert token in run.stdout, run.explain()
 
 
