@@ -17,6 +17,11 @@ is encoded back in the request's format. Every request is recorded. Anything els
 (model lists, telemetry, quota checks) gets a harmless empty answer, and a request without the
 script's tool (title generation, next-speaker checks) gets a short text.
 
+The server is also the clients' HTTP(S) proxy (the tests point HTTPS_PROXY and friends at it):
+a `CONNECT host:port` or an absolute-URI request for anywhere else is refused at once (403) and
+its target recorded in `refused`, so a client's telemetry and update checks reach nothing and
+are not retried against a port that does not answer (Cline CLI retried a closed port for 7 s).
+
 The server runs in a thread (ThreadingHTTPServer): the clients are separate processes and the
 script's hooks may block (a barrier, a daemonctl call) without stalling the test's trio loop.
 Responses use HTTP/1.0 framing (the connection closes after each), which every client accepts
@@ -548,6 +553,7 @@ class FakeModel:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.requests: list[Recorded] = []
+        self.refused: list[str] = []  # what a client tried to reach through the proxy
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -570,6 +576,10 @@ class FakeModel:
         with self._lock:
             self.requests.append(entry)
 
+    def refuse(self, target: str) -> None:
+        with self._lock:
+            self.refused.append(target)
+
     def turns(self) -> list[Turn]:
         with self._lock:
             return [r.turn for r in self.requests if r.turn is not None]
@@ -581,6 +591,8 @@ class FakeModel:
             for r in self.requests:
                 what = "" if r.turn is None else f" tools={r.turn.tools} results={r.turn.results}"
                 lines.append(f"{r.method} {r.path}{what} -> {r.reply}")
+            if self.refused:
+                lines.append(f"refused through the proxy: {sorted(set(self.refused))}")
         return "\n".join(lines)
 
     def answer(self, method: str, path: str, body: Any) -> tuple[str, list[bytes] | Json]:
@@ -614,7 +626,21 @@ class FakeModel:
 
 def _handler_for(model: FakeModel) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            model.refuse(self.path)
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        def do_CONNECT(self) -> None:
+            self._refuse()
+
         def _serve(self) -> None:
+            if self.path.startswith(("http://", "https://")):
+                self._refuse()  # a proxied request for another host
+                return
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:

@@ -82,8 +82,6 @@ BARRIER_TIMEOUT = 90.0
 # A client that kills its server's tree does so as it exits; this leaves its signals time to land.
 AFTER_EXIT_SETTLE = 0.5
 
-# Port 9 (discard) on loopback: nothing listens there, so a proxied request fails at once.
-DEAD_PROXY = "http://127.0.0.1:9"
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
 
 # What makes a client wait for its MCP servers before its first model request. Without it
@@ -133,11 +131,11 @@ class Client:
     name_limit: int  # the longest tool name it (or its model API) passes on, its prefix included
 
 
-def _base_env(home: Path, *, proxy_guard: bool = True) -> dict[str, str]:
+def _base_env(s: Setup, *, proxy_guard: bool = True) -> dict[str, str]:
     # Nothing of the test's environment beyond PATH: no API keys, proxies or XDG paths leak in.
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
+        "HOME": str(s.home),
         "TERM": "dumb",
         "NO_COLOR": "1",
         "LANG": "C.UTF-8",
@@ -145,10 +143,11 @@ def _base_env(home: Path, *, proxy_guard: bool = True) -> dict[str, str]:
         "no_proxy": "127.0.0.1,localhost",
     }
     if proxy_guard:
-        # Anything a client sends beyond the fake model goes to a closed loopback port (a
-        # proxy that refuses) instead of resolving and reaching the outside world: Codex looks
-        # up github.com, api.github.com and chatgpt.com otherwise.
-        env.update(dict.fromkeys(PROXY_VARIABLES, DEAD_PROXY))
+        # Anything a client sends beyond the fake model goes to the fake model as its proxy,
+        # which refuses it at once, instead of resolving and reaching the outside world: Codex
+        # looks up github.com, api.github.com and chatgpt.com otherwise, Cline CLI
+        # otel.cline.bot and data.cline.bot.
+        env.update(dict.fromkeys(PROXY_VARIABLES, s.url))
     return env
 
 
@@ -167,7 +166,7 @@ def setup_claude(s: Setup) -> Launch:
         },
     )
     env = {
-        **_base_env(s.home),
+        **_base_env(s),
         "ANTHROPIC_BASE_URL": s.url,
         "ANTHROPIC_API_KEY": "dummy",
         "DISABLE_TELEMETRY": "1",
@@ -215,7 +214,7 @@ def setup_codex(s: Setup) -> Launch:
             ]
         )
     )
-    env = {**_base_env(s.home), "CODEX_HOME": str(codex_home), "FAKE_MODEL_API_KEY": "dummy"}
+    env = {**_base_env(s), "CODEX_HOME": str(codex_home), "FAKE_MODEL_API_KEY": "dummy"}
     return Launch([s.exe, "exec", "--skip-git-repo-check", PROMPT], env)
 
 
@@ -234,7 +233,7 @@ def setup_gemini(s: Setup) -> Launch:
     _write_json(s.home / ".gemini" / "settings.json", settings)
     _write_json(s.home / ".gemini" / "trustedFolders.json", {str(s.project): "TRUST_FOLDER"})
     env = {
-        **_base_env(s.home),
+        **_base_env(s),
         "GEMINI_API_KEY": "dummy",
         "GOOGLE_GEMINI_BASE_URL": s.url,
         "GEMINI_CLI_NO_RELAUNCH": "true",
@@ -248,7 +247,7 @@ def setup_qwen(s: Setup) -> Launch:
     env = {
         # Qwen Code sends its model requests through HTTPS_PROXY whatever NO_PROXY says; it
         # makes no other connection (strace, MCPOOL_REAL_CLIENTS_STRACE).
-        **_base_env(s.home, proxy_guard=False),
+        **_base_env(s, proxy_guard=False),
         "OPENAI_BASE_URL": f"{s.url}/v1",
         "OPENAI_API_KEY": "dummy",
         "OPENAI_MODEL": MODEL,
@@ -262,7 +261,7 @@ def setup_copilot(s: Setup) -> Launch:
     entry = {"type": "local", "command": MCPOOL, "args": s.attach, "tools": ["*"]}
     _write_json(s.home / ".copilot" / "mcp-config.json", {"mcpServers": {"mcpool": entry}})
     env = {
-        **_base_env(s.home),
+        **_base_env(s),
         # Offline: no GitHub sign-in, telemetry or update checks; the model is the provider.
         "COPILOT_OFFLINE": "true",
         "COPILOT_PROVIDER_BASE_URL": f"{s.url}/v1",
@@ -296,7 +295,7 @@ def setup_opencode(s: Setup) -> Launch:
     }
     _write_json(s.home / ".config" / "opencode" / "opencode.json", config)
     env = {
-        **_base_env(s.home),
+        **_base_env(s),
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
@@ -311,7 +310,7 @@ def setup_cline(s: Setup) -> Launch:
     entry = {"transport": {"type": "stdio", "command": MCPOOL, "args": s.attach}}
     path = s.home / ".cline" / "data" / "settings" / "cline_mcp_settings.json"
     _write_json(path, {"mcpServers": {"mcpool": entry}})
-    env = _base_env(s.home)
+    env = _base_env(s)
     auth = [s.exe, "auth", "-p", "openai", "-k", "dummy", "-m", MODEL, "-b", f"{s.url}/v1"]
     return Launch([s.exe, PROMPT, "--json"], env, before=[auth])
 
