@@ -47,6 +47,8 @@ import psutil
 import pytest
 import trio
 
+from mcpool.daemon._setup import entry_for
+
 from .fake_model import FakeModel, Script
 from .harness import (
     PEERS_DIR,
@@ -157,13 +159,11 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def setup_claude(s: Setup) -> Launch:
-    # User scope, as `claude mcp add -s user mcpool -- mcpool attach ...` writes it.
+    # User scope, as `mcpool setup-client claude-code --write --scope user` writes it.
+    entry = entry_for("claude-code", [MCPOOL, *s.attach])
     _write_json(
         s.home / ".claude.json",
-        {
-            "hasCompletedOnboarding": True,
-            "mcpServers": {"mcpool": {"type": "stdio", "command": MCPOOL, "args": s.attach}},
-        },
+        {"hasCompletedOnboarding": True, "mcpServers": {"mcpool": entry}},
     )
     env = {
         **_base_env(s),
@@ -257,8 +257,8 @@ def setup_qwen(s: Setup) -> Launch:
 
 
 def setup_copilot(s: Setup) -> Launch:
-    # What `mcpool setup-client copilot --write` writes (daemon/_setup.py).
-    entry = {"type": "local", "command": MCPOOL, "args": s.attach, "tools": ["*"]}
+    # What `mcpool setup-client copilot --write` writes.
+    entry = entry_for("copilot", [MCPOOL, *s.attach])
     _write_json(s.home / ".copilot" / "mcp-config.json", {"mcpServers": {"mcpool": entry}})
     env = {
         **_base_env(s),
@@ -290,8 +290,8 @@ def setup_opencode(s: Setup) -> Launch:
                 "models": {MODEL: {"name": MODEL, "tool_call": True}},
             }
         },
-        # What `mcpool setup-client opencode --write` writes (daemon/_setup.py).
-        "mcp": {"mcpool": {"type": "local", "command": [MCPOOL, *s.attach], "enabled": True}},
+        # What `mcpool setup-client opencode --write` writes.
+        "mcp": {"mcpool": entry_for("opencode", [MCPOOL, *s.attach])},
     }
     _write_json(s.home / ".config" / "opencode" / "opencode.json", config)
     env = {
@@ -306,8 +306,8 @@ def setup_opencode(s: Setup) -> Launch:
 
 def setup_cline(s: Setup) -> Launch:
     # Where Cline CLI reads MCP servers (@cline/shared's storage paths), in the shape its own
-    # `cline mcp add` writes (and `mcpool setup-client cline --write`).
-    entry = {"transport": {"type": "stdio", "command": MCPOOL, "args": s.attach}}
+    # `cline mcp add` writes, as `mcpool setup-client cline --write` does.
+    entry = entry_for("cline", [MCPOOL, *s.attach])
     path = s.home / ".cline" / "data" / "settings" / "cline_mcp_settings.json"
     _write_json(path, {"mcpServers": {"mcpool": entry}})
     env = _base_env(s)
