@@ -805,8 +805,7 @@ async def test_real_client_starts_the_daemon_cold(
     started: list[int] = []
 
     def note_daemon() -> None:
-        # Mid-run, the daemon the bridge started: its pid, and that it runs apart from the
-        # client's process tree.
+        # Mid-run, the daemon the bridge started: its pid, to find it again after the exit.
         done = subprocess.run(
             daemonctl_argv(daemon.sock, "status", "--json"),
             capture_output=True,
