@@ -15,10 +15,12 @@ commands:
               a stdio MCP server relaying to the mcpool daemon (starting it when needed)
   daemon ...  run the daemon in the foreground (`mcpool daemon --help`)
   demo        see mcpool share one server between three sessions (private, cleans up)
-  import --from claude-code|claude-desktop|vscode|cursor|gemini|qwen|codex [FILE]
+  import --from CLIENT [FILE]
               copy a client's MCP servers into mcpool settings
-  setup-client claude-code|vscode|cursor|claude-desktop|codex|gemini|qwen [--write]
+  setup-client CLIENT [--write] [--scope user|project]
               the snippet that points a client at `mcpool attach`
+              (CLIENT: claude-code, claude-desktop, vscode, cursor, codex, gemini, qwen,
+              copilot, opencode, cline)
   systemd-unit
               a systemd user unit running `mcpool daemon`
   --version   print the version

@@ -4,7 +4,13 @@ Each client spells the same idea slightly differently: Claude Code, Claude Deskt
 `mcpServers`; VS Code uses `servers` with `type` (and `${input:...}` variables); gemini-cli uses
 `mcpServers` with `httpUrl`/`url`/`trust`/`includeTools`/`excludeTools`, which is mcpool's own
 shape, and so does Qwen Code (a gemini-cli fork); Codex keeps `[mcp_servers.NAME]` tables in
-TOML with its own field names (`enabled_tools`, `env_vars`, `bearer_token_env_var`, ...).
+TOML with its own field names (`enabled_tools`, `env_vars`, `bearer_token_env_var`, ...);
+Copilot CLI's `mcp-config.json` uses `mcpServers` with `"type": "local"` and a `tools` list;
+opencode keeps `"mcp"` entries with the whole command line as one array, `environment` and
+`enabled`; Cline's `cline_mcp_settings.json` has `mcpServers` either flat (the VS Code
+extension's, with `autoApprove`) or with a nested `transport` (Cline CLI's own writer), its
+timeouts in seconds and a bare `url` meaning SSE. `_from_copilot`, `_from_opencode` and
+`_from_cline` bring each into Claude Code's field names first, as `_from_codex` does.
 `convert` is pure: document in, (servers, notes) out. Every field or entry that cannot be
 carried over as it means in the client becomes a note, so the user learns what to check instead
 of finding out from a server that does not start. `main` merges the result into the user config
@@ -21,7 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CLIENTS = ("claude-code", "claude-desktop", "vscode", "cursor", "gemini", "qwen", "codex")
+CLIENTS = (
+    "claude-code", "claude-desktop", "vscode", "cursor", "gemini", "qwen", "codex",
+    "copilot", "opencode", "cline",
+)  # fmt: skip
 # Clients whose settings.json has gemini-cli's shape.
 _GEMINI_LIKE = ("gemini", "qwen")
 
@@ -62,6 +71,17 @@ def default_sources(client: str) -> list[Path]:
         codex_home = os.environ.get("CODEX_HOME", "")
         base = Path(codex_home) if os.path.isabs(codex_home) else home / ".codex"
         return [base / "config.toml"]
+    if client in ("copilot", "opencode", "cline"):
+        from mcpool.daemon._setup import cline_file, copilot_file, opencode_file
+
+        if client == "copilot":
+            return [copilot_file()]
+        if client == "cline":
+            # Cline CLI's own file, then the VS Code extension's (Cline's first home).
+            extension = xdg / "Code" / "User" / "globalStorage" / "saoudrizwan.claude-dev"
+            return [cline_file(), extension / "settings" / "cline_mcp_settings.json"]
+        found = [opencode_file("project"), opencode_file("user")]
+        return list(dict.fromkeys(found))
     folder = f".{client}"  # gemini, qwen
     return [cwd / folder / "settings.json", home / folder / "settings.json"]
 
@@ -116,6 +136,11 @@ def _project_dir(client: str, source: Path | None) -> Path | None:
         return None
     if client == "claude-code" and source.name == ".mcp.json":
         return source.parent
+    if client == "opencode":
+        from mcpool.daemon._setup import opencode_file
+
+        user_folder = opencode_file("user").parent
+        return None if source.parent in (user_folder, Path.home()) else source.parent
     # ~/.cursor/mcp.json and ~/.gemini/settings.json are user files, not a project's.
     in_project = source.parent.name in (".vscode", ".cursor", ".gemini", ".qwen")
     if (
@@ -140,6 +165,8 @@ def _servers_of(client: str, document: dict[str, Any], notes: list[str]) -> dict
             )
     elif client == "codex":
         servers = document.get("mcp_servers")
+    elif client == "opencode":
+        servers = document.get("mcp")
     else:
         servers = document.get("mcpServers")
     if client == "claude-code" and isinstance(document.get("projects"), dict):
@@ -179,12 +206,14 @@ def convert(
         if not isinstance(raw, dict):
             notes.append(f"{name}: skipped, its entry is not an object")
             continue
+        translate = _TRANSLATORS.get(client)
+        client_notes: list[str] = []
+        if translate is not None:
+            raw, client_notes = translate(raw)
         if is_mcpool(raw):
             notes.append(f"{name}: skipped, it is mcpool itself")
             continue
-        if client == "codex":
-            raw, codex_notes = _from_codex(raw)
-            notes.extend(f"{name}: {note}" for note in codex_notes)
+        notes.extend(f"{name}: {note}" for note in client_notes)
         entry, entry_notes = _convert_entry(client, name, raw, project)
         notes.extend(f"{name}: {note}" for note in entry_notes)
         if entry is None:
@@ -205,8 +234,8 @@ def _convert_entry(
     entry: dict[str, Any] = {}
     carried = set(_COMMON) | set(_MCPOOL) | {"type"}
     carried |= set(_GEMINI) if client in _GEMINI_LIKE else {"trust", "includeTools", "excludeTools"}
-    if client == "codex":
-        carried.add("timeout")  # made from Codex's own timeouts by _from_codex
+    if client in _TRANSLATORS:
+        carried.add("timeout")  # made from the client's own timeouts by its translator
     for key in raw:
         if key in carried:
             entry[key] = raw[key]
@@ -321,6 +350,114 @@ def _from_codex(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if "url" in entry:
         entry = {"type": "http", **entry}  # Codex speaks streamable HTTP to a url
     return entry, notes
+
+
+def _from_copilot(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A Copilot CLI `mcp-config.json` entry in Claude Code's field names."""
+    entry: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in raw.items():
+        if key == "type":
+            # "local" is its word for stdio; "http" and "sse" are mcpool's own.
+            entry["type"] = "stdio" if value == "local" else value
+        elif key == "tools":
+            if isinstance(value, list) and "*" not in value:
+                entry["includeTools"] = value  # Copilot CLI exposes only the tools listed
+        elif key == "timeout":
+            entry["timeout"] = value  # milliseconds, as mcpool's
+        else:
+            entry[key] = value
+    return entry, notes
+
+
+# opencode's `{env:NAME}` is the value of NAME in its own environment; mcpool's `${NAME}` is the
+# same, from the attaching session's environment.
+_OPENCODE_ENV = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _opencode_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _OPENCODE_ENV.sub(r"${\1}", value)
+    if isinstance(value, list):
+        return [_opencode_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _opencode_value(v) for k, v in value.items()}
+    return value
+
+
+def _from_opencode(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """An opencode `"mcp"` entry in Claude Code's field names."""
+    entry: dict[str, Any] = {}
+    notes: list[str] = []
+    raw = _opencode_value(raw)
+    for key, value in raw.items():
+        if key == "type":
+            if value == "remote":
+                # opencode tries streamable HTTP and falls back to SSE; mcpool needs one.
+                entry["type"] = "http"
+                notes.append(
+                    'a "remote" server: imported as streamable HTTP; set "type": "sse" if the '
+                    "server only speaks SSE"
+                )
+            elif value != "local":
+                entry["type"] = value
+        elif key == "command" and isinstance(value, list) and value:
+            entry["command"], entry["args"] = value[0], value[1:]
+        elif key == "environment":
+            entry["env"] = value
+        elif key == "enabled":
+            if value is False:
+                entry["disabled"] = True
+        elif key == "oauth" and value is False:
+            continue  # OAuth switched off: mcpool logs in only when asked (`daemonctl login`)
+        else:
+            entry[key] = value
+    if any("{file:" in text for _, text in _strings(entry, "")):
+        notes.append("holds {file:...} references, passed as written: put the value there")
+    return entry, notes
+
+
+def _from_cline(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A Cline `cline_mcp_settings.json` entry (flat or with a nested `transport`) in Claude
+    Code's field names."""
+    entry: dict[str, Any] = {}
+    notes: list[str] = []
+    flat = dict(raw)
+    transport = flat.pop("transport", None)
+    if isinstance(transport, dict):
+        flat = {**transport, **flat}
+    kind = flat.pop("type", None) or flat.pop("transportType", None)
+    for key, value in flat.items():
+        if key == "timeout" and isinstance(value, int | float):
+            entry["timeout"] = int(value * 1000)  # Cline's are seconds
+        elif key in ("autoApprove", "alwaysAllow"):
+            notes.append(
+                f"{key} not carried over: mcpool does not ask before calls (your client does)"
+            )
+        elif key == "oauth":
+            # Cline's own tokens and client registration: mcpool makes its own.
+            notes.append("Cline's OAuth state not carried over: log in with `daemonctl login`")
+        elif key == "oauthClient" and isinstance(value, dict):
+            entry["oauth"] = {k: value[k] for k in ("clientId", "clientSecret") if k in value}
+        elif key == "metadata":
+            continue
+        else:
+            entry[key] = value
+    if kind in ("streamableHttp", "http"):
+        entry = {"type": "http", **entry}
+    elif kind == "sse" or (kind is None and "url" in entry):
+        entry = {"type": "sse", **entry}  # Cline reads a bare url as SSE
+    elif kind is not None and kind != "stdio":
+        entry = {"type": kind, **entry}
+    return entry, notes
+
+
+_TRANSLATORS = {
+    "codex": _from_codex,
+    "copilot": _from_copilot,
+    "opencode": _from_opencode,
+    "cline": _from_cline,
+}
 
 
 def _strings(value: Any, where: str) -> list[tuple[str, str]]:

@@ -5,7 +5,15 @@ server. `--write` merges it into the client's own file: a JSON file is read as J
 comments is refused rather than silently losing them), Codex's `config.toml` is edited with
 tomlkit (its comments and layout stay), the previous version is kept next to it as
 `<file>.bak-<timestamp>` and the new one replaces it atomically; both are 0600 (a client's config
-holds its servers' tokens): daemon/_files.py.
+holds its servers' tokens): daemon/_files.py. A JSON file that changed between the read and the
+write (a running client saving its own state, as Claude Code does in ~/.claude.json) is left as
+the client wrote it and the write refused, rather than one of the two edits lost.
+
+Each client's entry is in its own shape (`entry_for`): `{"command", "args"}` under `mcpServers`
+for most; VS Code's `servers` with `"type": "stdio"`; Copilot CLI's `"type": "local"` with
+`"tools": ["*"]` (it exposes none of a server's tools without a list); opencode's `"mcp"` with
+`"type": "local"` and the whole command line as one array; Cline CLI's `cline_mcp_settings.json`
+in the shape its own `cline mcp add` writes (`"transport": {"type": "stdio", ...}`).
 """
 
 from __future__ import annotations
@@ -21,10 +29,66 @@ from typing import Any
 
 from ._files import backup_private, write_private
 
-CLIENTS = ("claude-code", "vscode", "cursor", "claude-desktop", "codex", "gemini", "qwen")
+CLIENTS = (
+    "claude-code", "vscode", "cursor", "claude-desktop", "codex", "gemini", "qwen",
+    "copilot", "opencode", "cline",
+)  # fmt: skip
 SERVER_NAME = "mcpool"
-# Clients whose settings exist per user and per project; `--scope` chooses (default: user).
-SCOPED = ("gemini", "qwen")
+# Claude Code, VS Code, gemini-cli, Qwen Code and opencode keep servers per user and per project;
+# `--scope` chooses (default_scope). Why the others have no project scope `--write` could edit.
+NO_PROJECT_SCOPE = {
+    "copilot": "Copilot CLI reads MCP servers from ~/.copilot/mcp-config.json only",
+    "cline": "Cline CLI reads MCP servers from its cline_mcp_settings.json only",
+    "codex": "Codex reads MCP servers from $CODEX_HOME/config.toml only",
+    "cursor": "use --file .cursor/mcp.json for a project's Cursor file",
+    "claude-desktop": "Claude Desktop has one config file",
+}
+
+
+def default_scope(client: str) -> str:
+    """The user file, but the project's for Claude Code and VS Code (their `--write` has always
+    meant the project's .mcp.json and .vscode/mcp.json)."""
+    return "project" if client in ("claude-code", "vscode") else "user"
+
+
+def _xdg_config() -> Path:
+    config = os.environ.get("XDG_CONFIG_HOME", "")
+    return Path(config) if os.path.isabs(config) else Path.home() / ".config"
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name, "").strip()
+    return Path(value) if os.path.isabs(value) else None
+
+
+def claude_user_file() -> Path:
+    """Claude Code's user-scope file: ~/.claude.json ($CLAUDE_CONFIG_DIR/.claude.json)."""
+    return (_env_path("CLAUDE_CONFIG_DIR") or Path.home()) / ".claude.json"
+
+
+def copilot_file() -> Path:
+    return (_env_path("COPILOT_HOME") or Path.home() / ".copilot") / "mcp-config.json"
+
+
+def cline_file() -> Path:
+    """Where Cline CLI reads MCP servers (its @cline/shared storage paths, in their order)."""
+    explicit = _env_path("CLINE_MCP_SETTINGS_PATH")
+    if explicit is not None:
+        return explicit
+    base = _env_path("CLINE_DIR") or Path.home() / ".cline"
+    data = _env_path("CLINE_DATA_DIR") or base / "data"
+    return data / "settings" / "cline_mcp_settings.json"
+
+
+def opencode_file(scope: str) -> Path:
+    """opencode's config: $OPENCODE_CONFIG, else opencode.json (or an existing opencode.jsonc)
+    in the project or in ~/.config/opencode."""
+    explicit = _env_path("OPENCODE_CONFIG")
+    if explicit is not None:
+        return explicit
+    folder = Path.cwd() if scope == "project" else _xdg_config() / "opencode"
+    plain, commented = folder / "opencode.json", folder / "opencode.jsonc"
+    return commented if commented.exists() and not plain.exists() else plain
 
 
 def mcpool_command() -> list[str]:
@@ -39,26 +103,35 @@ def mcpool_command() -> list[str]:
     return [sys.executable, "-m", "mcpool"]
 
 
-def client_file(client: str, scope: str = "user") -> Path:
+def client_file(client: str, scope: str | None = None) -> Path:
     """The file `--write` edits by default for each client."""
     home = Path.home()
+    scope = scope or default_scope(client)
+    if client == "copilot":
+        return copilot_file()
+    if client == "cline":
+        return cline_file()
+    if client == "opencode":
+        return opencode_file(scope)
     if client == "codex":
         codex_home = os.environ.get("CODEX_HOME", "")
         return (Path(codex_home) if os.path.isabs(codex_home) else home / ".codex") / "config.toml"
-    if client in SCOPED:
+    if client in ("gemini", "qwen"):
         base = Path.cwd() if scope == "project" else home
         return base / f".{client}" / "settings.json"
     if client == "claude-code":
+        if scope == "user":
+            return claude_user_file()
         return Path.cwd() / ".mcp.json"  # project scope: the file Claude Code shares with a team
     if client == "vscode":
+        if scope == "user":
+            return _xdg_config() / "Code" / "User" / "mcp.json"
         return Path.cwd() / ".vscode" / "mcp.json"
     if client == "cursor":
         return home / ".cursor" / "mcp.json"
     if sys.platform == "darwin":
         return home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json"
-    config = os.environ.get("XDG_CONFIG_HOME", "")
-    base = Path(config) if os.path.isabs(config) else home / ".config"
-    return base / "Claude" / "claude_desktop_config.json"
+    return _xdg_config() / "Claude" / "claude_desktop_config.json"
 
 
 def attach_socket(explicit: str | None = None) -> Path | None:
@@ -77,14 +150,25 @@ def attach_args(socket: Path | None = None) -> list[str]:
 
 
 def server_entry(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command": command[0], "args": [*command[1:], *attach_args(socket)]}
+    return entry_for(client, [*command, *attach_args(socket)])
+
+
+def entry_for(client: str, argv: list[str]) -> dict[str, Any]:
+    """The client's entry for a stdio server run as `argv`, in that client's own shape."""
+    if client == "opencode":
+        return {"type": "local", "command": list(argv), "enabled": True}
+    entry: dict[str, Any] = {"command": argv[0], "args": list(argv[1:])}
     if client == "vscode":
         return {"type": "stdio", **entry}
+    if client == "copilot":
+        return {"type": "local", **entry, "tools": ["*"]}
+    if client == "cline":
+        return {"transport": {"type": "stdio", **entry}}
     return entry
 
 
 def servers_key(client: str) -> str:
-    return "servers" if client == "vscode" else "mcpServers"
+    return {"vscode": "servers", "opencode": "mcp"}.get(client, "mcpServers")
 
 
 def snippet(client: str, command: list[str], socket: Path | None = None) -> dict[str, Any]:
@@ -97,8 +181,13 @@ def write_client_file(
     """Merge the mcpool entry into `path`. Returns (backup path or None, other server names)."""
     document: dict[str, Any] = {}
     backup: Path | None = None
+    before: bytes | None = None
     if path.exists():
-        text = path.read_text(encoding="utf-8")
+        before = path.read_bytes()
+        try:
+            text = before.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SetupError(f"{path} is not UTF-8 text; fix it first") from None
         if text.strip():
             try:
                 loaded = json.loads(text)
@@ -118,6 +207,14 @@ def write_client_file(
     if not isinstance(servers, dict):
         raise SetupError(f"{path}: {key!r} is not an object")
     servers[SERVER_NAME] = server_entry(client, command, socket)
+    # The last moment before the replace: a client saving the file since our read would lose its
+    # save to ours (or we ours to its next one). Refuse instead; a second try usually succeeds.
+    now = path.read_bytes() if path.exists() else None
+    if now != before:
+        raise SetupError(
+            f"{path} changed while mcpool was editing it (the client saving its own state?); "
+            "nothing written: run the command again, or quit the client first"
+        )
     atomic_write_json(path, document)
     return backup, sorted(name for name in servers if name != SERVER_NAME)
 
@@ -179,8 +276,9 @@ def setup_client_main(argv: list[str]) -> int:
     parser.add_argument(
         "--scope",
         choices=("user", "project"),
-        default="user",
-        help="gemini and qwen: the user file (default) or this folder's project file",
+        help="claude-code (~/.claude.json or ./.mcp.json) and vscode: the user file or this "
+        "folder's (the default); gemini, qwen and opencode: the user file (the default) or "
+        "this folder's",
     )
     parser.add_argument(
         "--socket",
@@ -192,6 +290,10 @@ def setup_client_main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    refused = _scope_refusal(args.client, args.scope)
+    if refused is not None and not args.file:
+        sys.stderr.write(f"mcpool setup-client: --scope {args.scope}: {refused}\n")
+        return 1
     command = mcpool_command()
     default_file = client_file(args.client, args.scope)
     socket = attach_socket(args.socket)
@@ -209,6 +311,9 @@ def setup_client_main(argv: list[str]) -> int:
         if args.client == "claude-code":
             shell = " ".join([*command, *attach_args(socket)])
             sys.stderr.write(f"or: claude mcp add {SERVER_NAME} -s user -- {shell}\n")
+        if args.client == "cline":
+            shell = " ".join([*command, *attach_args(socket)])
+            sys.stderr.write(f"or: cline mcp add {SERVER_NAME} --yes -- {shell}\n")
         sys.stderr.write(f"`--write` adds it to {default_file}\n")
         return 0
     path = Path(args.file).expanduser().absolute() if args.file else default_file
@@ -233,6 +338,11 @@ def setup_client_main(argv: list[str]) -> int:
     return 0
 
 
+def _scope_refusal(client: str, scope: str | None) -> str | None:
+    """Why `--scope` cannot be honoured for `client` (None: it can, or none was asked)."""
+    return NO_PROJECT_SCOPE.get(client) if scope == "project" else None
+
+
 def codex_snippet(command: list[str], socket: Path | None = None) -> str:
     import tomlkit
 
@@ -248,12 +358,17 @@ def codex_snippet(command: list[str], socket: Path | None = None) -> str:
 
 def _project_notes(client: str, path: Path) -> list[str]:
     """What a project-scoped entry means: the client may still ask, and mcpool does not loop."""
+    if client == "claude-code" and path.name == ".claude.json":
+        return [
+            "user scope: Claude Code offers mcpool in every folder without asking; sessions "
+            "already running see it when they start again"
+        ]
     if client != "claude-code" or path.name != ".mcp.json":
         return []
     return [
         "Claude Code asks once per project whether to use the servers of its .mcp.json: "
         "approve 'mcpool' when it starts here (or add it for your user instead, which asks "
-        "nothing: `claude mcp add mcpool -s user -- <the command above>`)",
+        "nothing: `mcpool setup-client claude-code --write --scope user`)",
         f"mcpool attach reads {path} for this project's servers and skips the entry that "
         "launches mcpool itself, so mcpool never becomes its own upstream",
     ]

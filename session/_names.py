@@ -6,9 +6,12 @@ different names never shorten alike (and the registry rejects the candidate if t
 Nothing ever splits an exposed name on `__`: the registry's route table maps it back.
 
 The budget exists because clients prefix what a server exposes before a model sees it (Claude
-Code and Qwen Code `mcp__<their name for mcpool>__`, gemini-cli `mcp_<name>_`, Codex
-`<name>__`) and model APIs cap tool names (64 for the Anthropic and OpenAI APIs; gemini-cli and
-Qwen Code cut at 63). `name_budget` turns what a session says about itself into the budget.
+Code and Qwen Code `mcp__<their name for mcpool>__`, gemini-cli `mcp_<name>_`, Codex and Cline
+`<name>__`, Copilot CLI `<name>-`, opencode `<name>_`) and model APIs cap tool names (64 for the
+Anthropic and OpenAI APIs; gemini-cli and Qwen Code cut at 63; Copilot CLI and Cline re-cut a
+longer name with a digest of their own, which hides the tool's name from the model; opencode
+passes it on and the model API refuses it). `name_budget` turns what a session says about itself
+into the budget.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ _DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 # What the client puts in front of an exposed name and the limit it (or its model API) holds the
 # whole name to, assuming the client calls mcpool "mcpool" (what `mcpool setup-client` writes).
 # Matched by a substring of the lowercased `clientInfo.name` the client sends in `initialize`.
+# Each prefix is what the client was seen sending its model (tests/e2e/test_real_clients.py).
 CLIENT_NAME_RULES: tuple[tuple[str, str, int], ...] = (
     ("claude", "mcp__mcpool__", 64),  # Claude Code: the Anthropic API's 64
     ("qwen", "mcp__mcpool__", 63),  # Qwen Code cuts names to 63
     ("gemini", "mcp_mcpool_", 63),  # gemini-cli cuts names over 63 in the middle
     ("codex", "mcpool__", 64),  # Codex: its OpenAI tool names, 64
+    ("copilot-cli", "mcpool-", 64),  # GitHub Copilot CLI re-cuts names over 64
+    ("opencode", "mcpool_", 64),  # opencode: the model API's 64 (it cuts nothing)
+    ("@cline/", "mcpool__", 64),  # Cline CLI (@cline/core) re-cuts names over 64
 )
 
 
@@ -79,16 +86,11 @@ def _fold(name: str) -> str:
 def user_name_forms(query: str) -> frozenset[str]:
     """What an exposed or upstream name may be, given a name as a user saw it in a client:
     itself, or it without a client's prefix (`mcp__<client name for mcpool>__` of Claude Code
-    and Qwen Code, `mcp_<name>_` of gemini-cli, `<name>__` of Codex), each with `-` folded to
-    `_`. The client's name for mcpool is not known here, so every split point is a candidate."""
-    forms = {query}
-    if query.startswith("mcp__"):
-        rest = query[len("mcp__") :]
-        forms.update(rest[i + 2 :] for i in range(len(rest)) if rest.startswith("__", i))
-    if query.startswith("mcp_"):
-        rest = query[len("mcp_") :]
-        forms.update(rest[i + 1 :] for i in range(len(rest)) if rest[i] == "_")
-    forms.update(query[i + 2 :] for i in range(len(query)) if query.startswith("__", i))
+    and Qwen Code, `mcp_<name>_` of gemini-cli, `<name>__` of Codex and Cline, `<name>-` of
+    Copilot CLI, `<name>_` of opencode), each with `-` folded to `_`. The client's name for
+    mcpool is not known here, and every prefix ends in `_` or `-`: what follows each of those
+    is a candidate."""
+    forms = {query, *(query[i + 1 :] for i, c in enumerate(query) if c in "-_")}
     return frozenset(_fold(f) for f in forms if f)
 
 

@@ -130,6 +130,9 @@ def test_every_sample_converts_to_settings_the_daemon_accepts() -> None:
         ("vscode", "vscode/.vscode/mcp.json"),
         ("cursor", "cursor/mcp.json"),
         ("gemini", "gemini-settings.json"),
+        ("copilot", "copilot/mcp-config.json"),
+        ("opencode", "opencode/opencode.jsonc"),
+        ("cline", "cline/cline_mcp_settings.json"),
     ]:
         servers, _ = _convert(client, relative)
         assert servers, (client, relative)
@@ -220,7 +223,9 @@ def test_import_errors(tmp_path: Path) -> None:
     assert "usage:" in usage.stderr
 
 
-@pytest.mark.parametrize("client", ["claude-code", "vscode", "cursor", "claude-desktop"])
+@pytest.mark.parametrize(
+    "client", ["claude-code", "vscode", "cursor", "claude-desktop", "copilot", "opencode", "cline"]
+)
 def test_setup_client_output_imports_back_as_nothing(tmp_path: Path, client: str) -> None:
     # What setup-client writes is mcpool itself: importing it must not loop mcpool into mcpool.
     snippet = mcpool("setup-client", client, home=tmp_path)
@@ -350,3 +355,97 @@ def test_the_report_never_quotes_a_value_that_may_be_a_secret(tmp_path: Path) ->
         assert where in report, report
     for part in ("live_9Xq7SECRET", "sEcReT1", "tok3nVALUE", "Zq9", "sk-"):
         assert part not in report, (part, report)
+
+
+# --- Copilot CLI, opencode, Cline (issue 28) ---------------------------------------------------
+
+
+def test_copilot_cli_local_servers_and_tool_lists() -> None:
+    servers, notes = _convert("copilot", "copilot/mcp-config.json")
+    assert servers == {
+        # "local" is Copilot CLI's stdio; "tools": ["*"] is every tool, mcpool's default.
+        "playwright": {"command": "npx", "args": ["@playwright/mcp@latest"], "env": {}},
+        # A tool list is what Copilot CLI exposes of the server: mcpool's includeTools.
+        "github": {
+            "type": "http",
+            "url": "https://api.githubcopilot.com/mcp/",
+            "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+            "includeTools": ["get_issue", "list_pull_requests"],
+        },
+    }
+    assert notes == ["mcpool: skipped, it is mcpool itself"]
+
+
+def test_opencode_mcp_entries_with_comments() -> None:
+    servers, notes = _convert("opencode", "opencode/opencode.jsonc")
+    project = str(SAMPLES / "opencode")
+    assert servers == {
+        "files": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "./docs"],
+            "env": {"API_TOKEN": "${FILES_TOKEN}"},  # opencode's {env:NAME}, mcpool's ${NAME}
+            "timeout": 8000,
+            "cwd": project,  # a project's file: its servers ran there
+        },
+        "sentry": {
+            "type": "http",
+            "url": "https://mcp.sentry.dev/mcp",
+            "headers": {"X-Org": "acme"},
+            "disabled": True,  # "enabled": false
+        },
+    }
+    text = "\n".join(notes)
+    assert 'sentry: a "remote" server: imported as streamable HTTP' in text
+    assert "mcpool: skipped, it is mcpool itself" in text
+
+
+def test_cline_flat_and_nested_entries() -> None:
+    servers, notes = _convert("cline", "cline/cline_mcp_settings.json")
+    assert servers == {
+        "time": {
+            "command": "uvx",
+            "args": ["mcp-server-time"],
+            "disabled": False,
+            "timeout": 30_000,  # Cline's seconds
+        },
+        "docs": {"type": "sse", "url": "http://127.0.0.1:8000/sse", "disabled": True},
+        "linear": {
+            "type": "http",
+            "url": "https://mcp.linear.app/mcp",
+            "oauth": {"clientId": "linear-client"},
+        },
+        # Cline CLI's own shape: the transport nested.
+        "memory": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-memory"],
+            "env": {"MEMORY_FILE_PATH": "/home/u/memory.json"},
+        },
+    }
+    text = "\n".join(notes)
+    assert "time: autoApprove not carried over" in text
+    assert "linear: Cline's OAuth state not carried over: log in with `daemonctl login`" in text
+    # Cline's stored tokens are neither imported nor quoted.
+    assert "secret-linear-token" not in json.dumps(servers) + text
+
+
+@pytest.mark.parametrize(
+    ("client", "relative", "sample"),
+    [
+        ("copilot", ".copilot/mcp-config.json", "copilot/mcp-config.json"),
+        ("opencode", ".config/opencode/opencode.jsonc", "opencode/opencode.jsonc"),
+        ("cline", ".cline/data/settings/cline_mcp_settings.json", "cline/cline_mcp_settings.json"),
+    ],
+)
+def test_import_finds_the_new_clients_own_files(
+    tmp_path: Path, client: str, relative: str, sample: str
+) -> None:
+    source = tmp_path / relative
+    source.parent.mkdir(parents=True)
+    source.write_text((SAMPLES / sample).read_text())
+    done = mcpool("import", "--from", client, home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"({source})" in done.stdout
+    written = json.loads((tmp_path / ".config" / "mcpool" / "config.json").read_text())
+    servers, _ = _convert(client, sample)
+    assert sorted(written["mcpServers"]) == sorted(servers)
+    assert "mcpool" not in written["mcpServers"]

@@ -1,18 +1,26 @@
 """A scripted fake model API on 127.0.0.1 for running real agent clients (Claude Code, Codex,
-gemini-cli, Qwen Code) through mcpool without any network.
+gemini-cli, Qwen Code, Copilot CLI, opencode, Cline CLI) through mcpool without any network.
 
 One HTTP server speaks the four wire formats those clients use:
 
   Anthropic Messages      POST .../v1/messages (streaming SSE or JSON), .../count_tokens
+                          (Claude Code)
   OpenAI Responses        POST .../responses (streaming SSE, as Codex reads it)
   Gemini                  POST .../models/M:generateContent | :streamGenerateContent | :countTokens
-  OpenAI chat completions POST .../chat/completions (streaming SSE or JSON)
+                          (gemini-cli)
+  OpenAI chat completions POST .../chat/completions (streaming SSE or JSON): Qwen Code, and
+                          Copilot CLI, opencode and Cline with an OpenAI-compatible provider
 
 Each request is decoded into a protocol-neutral `Turn` (the tool names offered, the tool results
 in the conversation so far), a `Script` decides the reply (`ToolCall` or `Text`), and the reply
 is encoded back in the request's format. Every request is recorded. Anything else a client asks
 (model lists, telemetry, quota checks) gets a harmless empty answer, and a request without the
 script's tool (title generation, next-speaker checks) gets a short text.
+
+The server is also the clients' HTTP(S) proxy (the tests point HTTPS_PROXY and friends at it):
+a `CONNECT host:port` or an absolute-URI request for anywhere else is refused at once (403) and
+its target recorded in `refused`, so a client's telemetry and update checks reach nothing and
+are not retried against a port that does not answer (Cline CLI retried a closed port for 7 s).
 
 The server runs in a thread (ThreadingHTTPServer): the clients are separate processes and the
 script's hooks may block (a barrier, a daemonctl call) without stalling the test's trio loop.
@@ -67,6 +75,7 @@ class Turn:
     stream: bool
     model: str
     body: Json
+    schemas: dict[str, Json] = field(default_factory=dict)  # each offered tool's input schema
 
 
 @dataclass
@@ -85,26 +94,39 @@ class Recorded:
 class Script:
     """First turn: call the tool whose name ends with `suffix`; then quote its result.
 
+    The tool may reach the model three ways, and the script follows each as a model would:
+    listed among the request's tools (called directly); deferred, named only in the prompt
+    behind a search tool (Claude Code's ToolSearch, Qwen Code's `tool_search`: search for it
+    first, then call it once the search put it in the tool list); or deferred behind a meta-tool
+    that calls it by name (Qwen Code's `tool_call`, after the search showed its schema).
+    `deferred` and `meta` record which.
+
     `on_first_result` runs once, before the model answers the request that carries the first
     result (the client is then mid-run, its session attached). With `changed_suffix`, the script
     checks that the client re-lists its tools after that hook changed the tool set upstream of
-    the client: the model keeps calling the tool
-    again, up to `relist_turns` times and pausing RELIST_PAUSE before each, until a request
-    offers a tool ending with `changed_suffix`. `relisted` tells whether one did.
+    the client: the model keeps calling the tool again, up to `relist_turns` times and pausing
+    RELIST_PAUSE before each, until a request offers (or names) a tool ending with
+    `changed_suffix`. `relisted` tells whether one did.
+
+    The model makes one call per reply, so the n-th tool result of a conversation answers its
+    n-th call: a request carrying n results gets call n + 1 (a client's retry of a request gets
+    the same decision again, and side requests without the tool get a short text).
     """
 
     suffix: str
     arguments: Json
     changed_suffix: str | None = None
     on_first_result: Callable[[], None] | None = None
-    relist_turns: int = 4
+    relist_turns: int = 3
     exposed: str | None = None  # the tool's name as the client showed it to the model
     exposed_changed: str | None = None
     relisted: bool | None = None
     deferred: bool = False  # the tool was offered only by name, behind a search tool
+    search: str | None = None  # the search tool the model used to find it
+    meta: str | None = None  # the meta-tool the model called it through
     tool_lists: list[list[str]] = field(default_factory=list)
     _hook_done: bool = False
-    _searches: int = 0
+    _calls: list[str] = field(default_factory=list)  # "search" or "call", in call order
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def quote(self, result: str) -> str:
@@ -114,26 +136,16 @@ class Script:
         with self._lock:
             return self._decide(turn)
 
+    def _note(self, index: int, kind: str) -> None:
+        self._calls[index : index + 1] = [kind]
+
     def _decide(self, turn: Turn) -> Reply:
-        tool = _ending_with(turn.tools, self.suffix)
-        results = turn.results[self._searches :]
-        if tool is None and not results:
-            deferred = _mentioned(turn, self.suffix)
-            search = _search_tool(turn.tools)
-            if deferred is None or search is None or self._searches:
-                return Text("ok")
-            # The client defers its MCP tools behind a search tool (Qwen Code always, Claude
-            # Code under tool search): fetch the tool's schema first, as a model would.
-            self.deferred = True
-            self._searches += 1
-            self.tool_lists.append(list(turn.tools))
-            return ToolCall(search, {"query": f"select:{deferred}"})
-        self.tool_lists.append(list(turn.tools))
-        if tool is not None and self.exposed is None:
-            self.exposed = tool
+        answered = len(turn.results)
+        kinds = self._calls[:answered]
+        results = [r for r, kind in zip(turn.results, kinds, strict=False) if kind == "call"]
         if not results:
-            assert tool is not None
-            return ToolCall(tool, self.arguments)
+            return self._first_call(turn, answered, searched="search" in kinds)
+        self.tool_lists.append(list(turn.tools))
         first = results[0]
         if not self._hook_done:
             self._hook_done = True
@@ -153,12 +165,51 @@ class Script:
             return Text(self.quote(first))
         time.sleep(RELIST_PAUSE)
         # Call a tool both tool sets share so the conversation goes on whatever the client knows.
-        return ToolCall(self.exposed or tool or self.suffix, self.arguments)
+        again = self._call(turn, self.exposed or self.suffix)
+        if again is None:
+            return Text(self.quote(first))
+        self._note(answered, "call")
+        return again
+
+    def _first_call(self, turn: Turn, answered: int, *, searched: bool) -> Reply:
+        listed = _ending_with(turn.tools, self.suffix)
+        name = listed or _mentioned(turn, self.suffix)
+        if name is None:
+            return Text("ok")  # a side request (a title, a summary) or a client without the tool
+        self.tool_lists.append(list(turn.tools))
+        if listed is None:
+            self.deferred = True
+            search = _search_tool(turn)
+            if not searched and search is not None:
+                # Fetch the tool's schema first, as a model does with a deferred tool.
+                self.search = search
+                self._note(answered, "search")
+                return ToolCall(search, {_search_argument(turn, search): f"select:{name}"})
+        call = self._call(turn, name)
+        if call is None:
+            return Text("ok")
+        if self.exposed is None:
+            self.exposed = name
+        self._note(answered, "call")
+        return call
+
+    def _call(self, turn: Turn, name: str) -> ToolCall | None:
+        """A call of `name` with the script's arguments: directly when the request lists it,
+        else through the request's meta-tool; None when the request offers neither."""
+        meta = self.meta or _meta_tool(turn)
+        if name in turn.tools or meta is None:
+            # Listed, or deferred where the client takes a direct call once it was searched.
+            return ToolCall(name, self.arguments)
+        if meta not in turn.tools:
+            return None
+        self.meta = meta
+        name_field, arguments_field = _meta_fields(turn, meta)
+        return ToolCall(meta, {name_field: name, arguments_field: self.arguments})
 
 
 def _mentioned(turn: Turn, suffix: str) -> str | None:
     """A tool name ending with `suffix` that the request names outside its tool list (a
-    deferred tool, listed by name in the system prompt)."""
+    deferred tool, listed by name in the system prompt or a search result)."""
     rest = "\n".join(_all_strings({k: v for k, v in turn.body.items() if k != "tools"}))
     match = re.search(r"[A-Za-z0-9_.\-]*" + re.escape(suffix) + r"\b", rest)
     return None if match is None else match.group(0)
@@ -175,11 +226,52 @@ def _all_strings(value: Any) -> Iterator[str]:
             yield from _all_strings(item)
 
 
-def _search_tool(names: list[str]) -> str | None:
-    for name in names:
-        if name.lower().replace("_", "") == "toolsearch":
+def _folded(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+# What clients call the tool that finds a deferred tool, and the one that calls a deferred tool
+# by name, folded (lowercase, no `_` or `-`): Claude Code's ToolSearch, Qwen Code's tool_search
+# and tool_call. A client's new name for either is one entry here.
+SEARCH_TOOLS = frozenset({"toolsearch", "searchtools"})
+META_TOOLS = frozenset({"toolcall", "calltool"})
+
+
+def _search_tool(turn: Turn) -> str | None:
+    return next((n for n in turn.tools if _folded(n) in SEARCH_TOOLS), None)
+
+
+def _meta_tool(turn: Turn) -> str | None:
+    return next((n for n in turn.tools if _folded(n) in META_TOOLS), None)
+
+
+def _properties(turn: Turn, tool: str) -> tuple[dict[str, Json], list[str]]:
+    schema = turn.schemas.get(tool) or {}
+    properties = schema.get("properties")
+    required = schema.get("required")
+    return (
+        properties if isinstance(properties, dict) else {},
+        [r for r in required if isinstance(r, str)] if isinstance(required, list) else [],
+    )
+
+
+def _search_argument(turn: Turn, search: str) -> str:
+    """The search tool's query field: its first required string property, else `query`."""
+    properties, required = _properties(turn, search)
+    for name in [*required, *properties]:
+        if isinstance(properties.get(name), dict) and properties[name].get("type") == "string":
             return name
-    return None
+    return "query"
+
+
+def _meta_fields(turn: Turn, meta: str) -> tuple[str, str]:
+    """The meta-tool's (tool name field, arguments field): its string and object properties."""
+    properties, required = _properties(turn, meta)
+    order = [*required, *(p for p in properties if p not in required)]
+    kinds = {p: properties[p].get("type") for p in order if isinstance(properties[p], dict)}
+    name = next((p for p in order if kinds.get(p) == "string"), "name")
+    arguments = next((p for p in order if kinds.get(p) == "object"), "arguments")
+    return name, arguments
 
 
 def _ending_with(names: list[str], suffix: str) -> str | None:
@@ -224,8 +316,14 @@ def _result_text(value: Any) -> str:
     return " ".join(s for s in _strings(value) if s.strip())
 
 
+def _schema(value: Any) -> Json:
+    return value if isinstance(value, dict) else {}
+
+
 def anthropic_turn(body: Json) -> Turn:
-    tools = [t["name"] for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t]
+    offered = [t for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t]
+    tools = [t["name"] for t in offered]
+    schemas = {t["name"]: _schema(t.get("input_schema")) for t in offered}
     results = []
     for message in body.get("messages") or []:
         content = message.get("content")
@@ -233,57 +331,70 @@ def anthropic_turn(body: Json) -> Turn:
             for block in content:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     results.append(_result_text(block.get("content")))
-    return Turn("anthropic", tools, results, bool(body.get("stream")), str(body.get("model")), body)
+    stream, model = bool(body.get("stream")), str(body.get("model"))
+    return Turn("anthropic", tools, results, stream, model, body, schemas)
 
 
 def responses_turn(body: Json) -> Turn:
     tools: list[str] = []
+    schemas: dict[str, Json] = {}
     for tool in body.get("tools") or []:
         if not isinstance(tool, dict):
             continue
         if "name" in tool:
             tools.append(tool["name"])
+            schemas[tool["name"]] = _schema(tool.get("parameters"))
         # A namespace groups tools under one name (Codex: one per MCP server); the model
         # calls `name` within `namespace`. Recorded as "namespace/name".
         for inner in tool.get("tools") or []:
             if isinstance(inner, dict) and "name" in inner:
-                tools.append(f"{tool.get('name', '')}{NAMESPACE_SEP}{inner['name']}")
+                name = f"{tool.get('name', '')}{NAMESPACE_SEP}{inner['name']}"
+                tools.append(name)
+                schemas[name] = _schema(inner.get("parameters"))
     results = [
         _result_text(item.get("output"))
         for item in body.get("input") or []
         if isinstance(item, dict) and item.get("type") == "function_call_output"
     ]
-    return Turn("responses", tools, results, bool(body.get("stream")), str(body.get("model")), body)
+    stream, model = bool(body.get("stream")), str(body.get("model"))
+    return Turn("responses", tools, results, stream, model, body, schemas)
 
 
 def gemini_turn(body: Json, model: str, stream: bool) -> Turn:
-    tools = [
-        decl["name"]
+    declared = [
+        decl
         for tool in body.get("tools") or []
         for decl in (tool.get("functionDeclarations") or [])
         if isinstance(decl, dict) and "name" in decl
     ]
+    tools = [decl["name"] for decl in declared]
+    schemas = {
+        d["name"]: _schema(d.get("parametersJsonSchema") or d.get("parameters")) for d in declared
+    }
     results = [
         _result_text(part["functionResponse"].get("response"))
         for content in body.get("contents") or []
         for part in content.get("parts") or []
         if isinstance(part, dict) and isinstance(part.get("functionResponse"), dict)
     ]
-    return Turn("gemini", tools, results, stream, model, body)
+    return Turn("gemini", tools, results, stream, model, body, schemas)
 
 
 def chat_turn(body: Json) -> Turn:
-    tools = [
-        t["function"]["name"]
+    functions = [
+        t["function"]
         for t in body.get("tools") or []
-        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
     ]
+    tools = [f["name"] for f in functions]
+    schemas = {f["name"]: _schema(f.get("parameters")) for f in functions}
     results = [
         _result_text(m.get("content"))
         for m in body.get("messages") or []
         if isinstance(m, dict) and m.get("role") == "tool"
     ]
-    return Turn("chat", tools, results, bool(body.get("stream")), str(body.get("model")), body)
+    stream, model = bool(body.get("stream")), str(body.get("model"))
+    return Turn("chat", tools, results, stream, model, body, schemas)
 
 
 # --- encoding replies ---------------------------------------------------------------------
@@ -442,6 +553,7 @@ class FakeModel:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.requests: list[Recorded] = []
+        self.refused: list[str] = []  # what a client tried to reach through the proxy
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -464,6 +576,10 @@ class FakeModel:
         with self._lock:
             self.requests.append(entry)
 
+    def refuse(self, target: str) -> None:
+        with self._lock:
+            self.refused.append(target)
+
     def turns(self) -> list[Turn]:
         with self._lock:
             return [r.turn for r in self.requests if r.turn is not None]
@@ -475,6 +591,8 @@ class FakeModel:
             for r in self.requests:
                 what = "" if r.turn is None else f" tools={r.turn.tools} results={r.turn.results}"
                 lines.append(f"{r.method} {r.path}{what} -> {r.reply}")
+            if self.refused:
+                lines.append(f"refused through the proxy: {sorted(set(self.refused))}")
         return "\n".join(lines)
 
     def answer(self, method: str, path: str, body: Any) -> tuple[str, list[bytes] | Json]:
@@ -508,7 +626,21 @@ class FakeModel:
 
 def _handler_for(model: FakeModel) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            model.refuse(self.path)
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        def do_CONNECT(self) -> None:
+            self._refuse()
+
         def _serve(self) -> None:
+            if self.path.startswith(("http://", "https://")):
+                self._refuse()  # a proxied request for another host
+                return
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,6 +25,9 @@ def test_client_budgets_leave_room_for_each_clients_prefix() -> None:
     assert client_budget("qwen-code-mcp-client") == 63 - len("mcp__mcpool__")
     assert client_budget("gemini-cli-mcp-client") == 63 - len("mcp_mcpool_")
     assert client_budget("codex-mcp-client") == 64 - len("mcpool__")
+    assert client_budget("copilot-cli") == 64 - len("mcpool-")
+    assert client_budget("opencode") == 64 - len("mcpool_")
+    assert client_budget("@cline/core") == 64 - len("mcpool__")
     assert client_budget("some-editor") is None
     assert client_budget(None) is None
 
@@ -45,6 +49,30 @@ def test_a_long_server_name_keeps_the_tool_name_whole() -> None:
     assert name.endswith("__write_file")
     assert len("mcp__mcpool__" + name) <= 64
     assert name == exposed_name(SERVER_41, "write_file", budget=budget)  # deterministic
+
+
+# 52 characters (issue 28): `<server>__echo` fits 64, not 64 after any client's own prefix.
+SERVER_52 = "atlassian-confluence-enterprise-workspace-eu-west-1a"
+
+
+@pytest.mark.parametrize(
+    ("client_name", "prefix", "limit"),
+    [
+        ("copilot-cli", "mcpool-", 64),  # GitHub Copilot CLI 1.0.102
+        ("opencode", "mcpool_", 64),  # opencode 1.18.33
+        ("@cline/core", "mcpool__", 64),  # Cline CLI 3.0.65
+    ],
+)
+def test_a_52_character_server_fits_each_new_client_after_its_prefix(
+    client_name: str, prefix: str, limit: int
+) -> None:
+    assert len(SERVER_52) == 52
+    assert len(prefix + f"{SERVER_52}__echo") > limit  # what the client sent without a rule
+    budget = name_budget(client_name)
+    for tool in ("echo", "env", "whoami", "write_file"):
+        name = exposed_name(SERVER_52, tool, budget=budget)
+        assert len(prefix + name) <= limit, name
+        assert name.endswith(f"__{tool}")  # the model still reads the tool's own name
 
 
 def test_names_within_budget_are_untouched() -> None:
@@ -79,6 +107,8 @@ def test_names_users_see_in_clients_lead_back_to_the_exposed_name() -> None:
         "mcp_mcpool_files__write_file",  # gemini-cli
         "mcpool__files__write_file",  # Codex
         "mcp__my_pool__files__write_file",  # a client that calls mcpool something else
+        "mcpool-files__write_file",  # Copilot CLI
+        "mcpool_files__write_file",  # opencode
     ):
         assert seen_as(user_name_forms(seen), exposed), seen
     # Codex folds `-` to `_`: the exposed name with a dash is still found.
