@@ -14,17 +14,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
 import pytest
 import trio
+from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from mcpool.pool._environ import SPAWN_MARKER, UPSTREAM_MARKER
 
 from .harness import DaemonFactory, DaemonProcess, daemonctl_json, fake_server
-from .support import alive, call_text, process, wait_until
+from .support import alive, call_text, process, tool_names, wait_until
 
 # Closing an entry: stdin, its grace, SIGTERM (the sleep dies of it), within this.
 CLOSE_TIMEOUT = 15.0
@@ -69,6 +71,13 @@ def assert_escaped(proc: psutil.Process, upstream: int, how: str) -> None:
     assert (proc.ppid() == upstream) == (how == "setsid"), (how, proc.ppid(), upstream)
 
 
+def listed(session: ClientSession, tool: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return tool in await tool_names(session)
+
+    return check
+
+
 async def gone(proc: psutil.Process, within: float = CLOSE_TIMEOUT) -> None:
     with trio.fail_after(within):
         await wait_until(lambda: not alive(proc))
@@ -102,9 +111,12 @@ async def test_what_a_crashed_server_left_ends_with_it(
             await one.call_tool("fake__crash", {})  # it dies mid-call
         # Its orphans went to init when it died; its entry's close still finds them.
         await gone(child)
-        # And the entry restarts (L3), with an escaped child of its own again.
+        # And the entry restarts (L3), with an escaped child of its own again. The child is
+        # logged while the new upstream starts, before its tools are back in the session's view
+        # (L3: they return by list_changed), so the call waits for the list, not the log.
         with trio.fail_after(CLOSE_TIMEOUT):
             await wait_until(lambda: len(pid_log.read_text().split()) >= 2)
+            await wait_until(listed(one, "fake__pid"))
         assert upstream != int(await call_text(one, "fake__pid"))
 
 
