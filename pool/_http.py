@@ -96,7 +96,7 @@ def _httpx() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise UpstreamUnavailable(
             "http",
-            "HTTP upstreams need the http extra: pip install 'mcpool[http]'",
+            "httpx2, a dependency of mcpool, is missing: reinstall mcpool",
         ) from exc
     return httpx2
 

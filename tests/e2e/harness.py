@@ -136,11 +136,12 @@ async def attached_session(
     logging_callback: LoggingFnT | None = None,
     errlog: TextIO = sys.stderr,
     extra_args: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> AsyncIterator[ClientSession]:
     """An initialized SDK ClientSession speaking to the daemon through a real `mcpool attach`
-    (`extra_args` go after its own)."""
+    run by `python` (`extra_args` go after its own)."""
     params = StdioServerParameters(
-        command=sys.executable,
+        command=python,
         args=[*attach_args(sock, settings_files, name), *extra_args],
         env=env,
         cwd=cwd,
@@ -247,6 +248,9 @@ class DaemonProcess:
     config_path: Path
     env: dict[str, str]
     process: trio.Process | None = None
+    # The interpreter that runs `mcpool daemon` and `mcpool attach`: the test's own unless a test
+    # installs mcpool elsewhere (tests/e2e/test_plain_install.py).
+    python: str = sys.executable
     _stderr: Any = field(default=None, repr=False)
 
     @property
@@ -284,7 +288,7 @@ class DaemonProcess:
 
     def argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "mcpool", "daemon",
+            self.python, "-m", "mcpool", "daemon",
             "--socket", str(self.sock), "--config", str(self.config_path),
         ]  # fmt: skip
 
@@ -341,6 +345,7 @@ class DaemonProcess:
         """attached_session with this daemon's environment, run from `root` by default."""
         kwargs.setdefault("env", self.attach_env())
         kwargs.setdefault("cwd", self.root)
+        kwargs.setdefault("python", self.python)
         return attached_session(self.sock, settings_files, name, **kwargs)
 
     def attach_env(self) -> dict[str, str]:
@@ -428,6 +433,7 @@ class DaemonFactory:
         daemon: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         start: bool = True,
+        python: str = sys.executable,
     ) -> DaemonProcess:
         """A daemon whose config holds `servers` and `daemon` options, started unless told not.
 
@@ -453,6 +459,7 @@ class DaemonFactory:
             # The XDG default location, so a lookup that ignores --config still finds it.
             config_path=root / "config" / "mcpool" / "config.json",
             env=daemon_env,
+            python=python,
         )
         process.write_config(servers, daemon)
         self.daemons.append(process)
