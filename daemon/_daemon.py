@@ -162,7 +162,9 @@ def _main(argv: list[str], status: StatusPipe) -> int:
         except ValueError as exc:
             parser.error(f"--http: {exc}")
         if importlib.util.find_spec("h11") is None:
-            parser.error("--http needs h11, a dependency of mcpool that is missing: reinstall mcpool")
+            parser.error(
+                "--http needs h11, a dependency of mcpool that is missing: reinstall mcpool"
+            )
         if not (bind_is_loopback(host) or args.http_allow_remote):
             parser.error(f"--http {args.http}: not a loopback address (see --http-allow-remote)")
         http_bind = (host, port, args.http_allow_remote)

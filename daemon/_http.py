@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import errno
 import ipaddress
+import itertools
 import math
 import os
 import secrets
@@ -100,6 +102,16 @@ from ._http_limits import (
     heap_trimmer,
 )
 from ._settings import DaemonOptions
+from ._sse import (
+    HISTORY_BYTES,
+    ID_ROOM,
+    RESUME_WINDOW,
+    ResumeKind,
+    decide_resume,
+    message_event,
+    primes,
+    priming_event,
+)
 
 if TYPE_CHECKING:
     import h11
@@ -175,6 +187,7 @@ STREAMLESS_LOSSY_BYTES = 128 * 1024
 LOSSY_SHARE = 2
 _SSE_HEAD = b"event: message\ndata: "
 _SSE_TAIL = b"\n\n"
+_SSE_FRAME = ID_ROOM + len(_SSE_HEAD) + len(_SSE_TAIL)
 
 
 class Stream:
@@ -183,12 +196,32 @@ class Stream:
     `end` is the outbox's (its last message is queued: the connection sends what is left and
     finishes the body); `close` is the connection's (it is done with the body, sent or not:
     whatever is left unsent is dropped and given back to the session's byte count).
+
+    A resumable stream (SSE, handshake era: daemon/_sse.py) outlives its connection: when the
+    client goes away it is `detach`ed, and goes on taking messages for RESUME_WINDOW; a GET with
+    `Last-Event-ID` attaches a new connection, which first sends again what the stream handed
+    the old one after that id (its `history`, the newest HISTORY_BYTES), then the rest. Every
+    byte it holds, history included, counts in the session's bytes; the history is the first
+    thing given up when the session needs room.
     """
 
-    def __init__(self, outbox: SessionOutbox, *, kind: str, json: bool = False) -> None:
+    def __init__(
+        self, outbox: SessionOutbox, *, kind: str, json: bool = False, resumable: bool = False
+    ) -> None:
         self.outbox = outbox
         self.kind = kind  # "post" or "get"
         self.json = json  # JSON response mode: only responses, sent together at the end
+        self.number = outbox.stream_number()  # its events' ids: `<number>-<seq>`
+        self.seq = 0  # the last event put on it
+        self.resumable = resumable and not json
+        self.history: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.history_bytes = 0
+        self.last_taken = 0  # the seq of the last event a connection took (the channel is FIFO)
+        # The connection sending it now (None: detached), and whether one is.
+        self.owner: trio.CancelScope | None = None
+        self.released = trio.Event()
+        self.released.set()
+        self.reattached = trio.Event()
         # 2026-07-28: a request answered by an error alone gets that error as a plain JSON body
         # with the status its code requires (400/404), so the head waits for the first message.
         self.modern = False
@@ -202,16 +235,22 @@ class Stream:
         self.ended = False
         self.closed = False
         self._send, self.receive = trio.open_memory_channel[bytes](math.inf)
+        if self.resumable:
+            outbox.resumable[self.number] = self
 
     def framed_size(self, line: bytes) -> int:
-        return len(line) if self.json else len(_SSE_HEAD) + len(line) + len(_SSE_TAIL)
+        return len(line) if self.json else _SSE_FRAME + len(line)
 
     def put(self, line: bytes) -> None:
         """Queue one message for the client (the outbox has admitted its bytes)."""
         if self.ended:
             return
         self.touched = True
-        chunk = line if self.json else _SSE_HEAD + line + _SSE_TAIL
+        if self.json:
+            chunk = line
+        else:
+            self.seq += 1
+            chunk = message_event(self.number, self.seq, line)
         self.queued += len(chunk)
         self.outbox.add(len(chunk))
         self._send.send_nowait(chunk)
@@ -229,10 +268,50 @@ class Stream:
         self.held = 0
         self.put(body)
 
+    def taken(self, chunk: bytes) -> None:
+        """A connection took `chunk` off the channel to send it: a resumable stream keeps it
+        (its bytes still counted) until the newer history pushes it out."""
+        if not self.resumable:
+            return
+        self.last_taken += 1
+        self.queued -= len(chunk)
+        self.history.append((self.last_taken, chunk))
+        self.history_bytes += len(chunk)
+        self.outbox.keep_history(len(chunk))
+        if self.history_bytes > HISTORY_BYTES:
+            self.forget(self.history_bytes - HISTORY_BYTES)
+
     def sent(self, chunk: bytes) -> None:
         """The connection wrote `chunk` to the socket."""
+        if self.resumable:
+            return  # counted in the history since `taken`
         self.queued -= len(chunk)
         self.outbox.release(len(chunk))
+
+    def forget(self, need: int) -> int:
+        """Give up the oldest history, at least `need` bytes of it (or all); the bytes freed."""
+        freed = 0
+        while self.history and freed < need:
+            _seq, chunk = self.history.popleft()
+            freed += len(chunk)
+        self.history_bytes -= freed
+        self.outbox.history_bytes -= freed
+        return freed
+
+    def after(self, seq: int) -> list[bytes]:
+        """What this stream handed a connection after event `seq`, to send again."""
+        return [chunk for n, chunk in self.history if n > seq]
+
+    def attach(self, scope: trio.CancelScope) -> None:
+        self.owner = scope
+        self.released = trio.Event()
+        self.reattached.set()
+
+    def detach(self) -> None:
+        """Its connection is done with it (gone, or taken over): kept for a resumption."""
+        self.owner = None
+        self.released.set()
+        self.reattached = trio.Event()
 
     def end(self) -> None:
         """No more messages: the connection sends what is queued, then ends the body."""
@@ -250,8 +329,13 @@ class Stream:
         self.closed = True
         self.receive.close()  # the last receiver: trio discards what is still buffered
         self.outbox.release(self.queued + self.held)
-        self.queued = self.held = 0
+        self.outbox.history_bytes -= self.history_bytes
+        self.queued = self.held = self.history_bytes = 0
         self.responses = []
+        self.history.clear()
+        self.outbox.resumable.pop(self.number, None)
+        self.released.set()
+        self.reattached.set()  # nothing to wait for any more
         self.outbox.on_idle()
 
 
@@ -286,6 +370,17 @@ class SessionOutbox:
         self._drained = trio.Event()
         self._drained.set()
         self.on_idle: Callable[[], None] = _nothing
+        self._numbers = itertools.count(1)
+        # Streams that can be resumed, by number (open ones, and detached ones awaiting a GET).
+        self.resumable: dict[int, Stream] = {}
+        # Bytes the resumable streams keep of what they already handed a connection: not
+        # waiting (not in `queued`, which tells the session a write is pending), but within the
+        # session's bound, and the first to go when it needs room.
+        self.history_bytes = 0
+        self.last_get: int | None = None  # the number of the latest standalone GET stream
+
+    def stream_number(self) -> int:
+        return next(self._numbers)
 
     # Writer protocol ---------------------------------------------------------------------------
 
@@ -327,8 +422,16 @@ class SessionOutbox:
             self.queued = 0
             self._drained.set()
 
+    def keep_history(self, size: int) -> None:
+        """`size` bytes left the queue for a stream's history."""
+        self.release(size)
+        self.history_bytes += size
+
     def _admit(self, size: int, lossy: bool) -> bool:
         """May `size` more bytes wait for the client? False: a lossy message is dropped."""
+        bound = self.lossy_limit if lossy else self.limit
+        if self.history_bytes and self.queued + self.history_bytes + size > bound:
+            self._forget_history(self.queued + self.history_bytes + size - bound)
         if lossy:
             if self.queued + size > self.lossy_limit:
                 self.dropped += 1
@@ -340,6 +443,13 @@ class SessionOutbox:
                 f"more would pass the session's bound of {self.limit} (sessionBufferBytes)"
             )
         return True
+
+    def _forget_history(self, need: int) -> None:
+        """Resumption histories give way to messages (oldest streams first)."""
+        for stream in list(self.resumable.values()):
+            need -= stream.forget(need)
+            if need <= 0:
+                return
 
     # routing -----------------------------------------------------------------------------------
 
@@ -356,6 +466,7 @@ class SessionOutbox:
     def open_get(self, stream: Stream) -> None:
         """The session's GET stream opened: what waited for it goes on it first."""
         self.get_stream = stream
+        self.last_get = stream.number
         backlog, self.backlog = self.backlog, collections.deque()
         self.release(self.backlog_bytes)
         self.backlog_bytes = self.backlog_lossy = 0
@@ -450,6 +561,9 @@ class SessionOutbox:
         self.closed = True
         for stream in [*self.streams, *([self.get_stream] if self.get_stream else [])]:
             stream.end()
+        for stream in list(self.resumable.values()):
+            if stream.owner is None:
+                stream.close()  # detached: nobody will send it
         self.backlog.clear()
         self.release(self.backlog_bytes)
         self.backlog_bytes = self.backlog_lossy = 0
@@ -594,6 +708,8 @@ class _HttpSession:
         self.outbox = outbox
         self.ephemeral = ephemeral
         self.idle = trio.CancelScope(deadline=math.inf)
+        # Starts a task in the session's nursery (a detached stream's expiry); set once it runs.
+        self.spawn: Callable[..., object] | None = None
         self.last_used = trio.current_time()  # the oldest idle session is evicted first
         self.ended = trio.Event()
 
@@ -609,6 +725,14 @@ class _HttpSession:
     def touch(self) -> None:
         self.last_used = now = trio.current_time()
         self.idle.deadline = math.inf if self.busy else now + SESSION_IDLE
+
+
+class _Outcome(enum.Enum):
+    """How a stream's connection ended (`HttpEndpoint._stream`)."""
+
+    ENDED = "ended"  # sent whole
+    GONE = "gone"  # the client went away first
+    TAKEN = "taken"  # another connection resumed it
 
 
 class _ConnectionOver(Exception):
@@ -1388,7 +1512,7 @@ class HttpEndpoint:
             hs.session.handle_line(body)
             hs.touch()
             return _Reply(202, b"", extra)
-        out = Stream(hs.outbox, kind="post", json=not sse)
+        out = Stream(hs.outbox, kind="post", json=not sse, resumable=not hs.ephemeral)
         out.modern = hs.ephemeral and len(requests) == 1
         if hs.ephemeral:
             # The request's own session: its tools/call checks the Mcp-Param-* headers.
@@ -1396,10 +1520,10 @@ class HttpEndpoint:
         hs.outbox.open(out, requests)
         hs.touch()
         hs.session.handle_line(body)
+        prime = primes(version)
         try:
-            await self._stream(stream, conn, out, extra)
+            await self._send_stream(hs, stream, conn, out, extra, prime=prime)
         finally:
-            out.close()
             if hs.ephemeral and not hs.outbox.streams and not hs.session.awaiting_retry:
                 # Held for the client's retry (its input_required): it ends with the retry's
                 # POST, or idle (SESSION_IDLE, past the retry's own bound). A retry may come
@@ -1416,17 +1540,82 @@ class HttpEndpoint:
             raise _Reply(405, b"", [("allow", "POST, DELETE")])
         hs = self._session_of(headers, required=True)
         assert hs is not None
-        if hs.outbox.get_stream is not None:
+        box = hs.outbox
+        decision = decide_resume(
+            headers.get("last-event-id"), frozenset(box.resumable), box.last_get
+        )
+        if decision.kind is ResumeKind.REFUSE:
+            raise _rpc_error(400, INVALID_REQUEST, "Bad Request", decision.reason)
+        replay: list[bytes] = []
+        if decision.kind is ResumeKind.RESUME:
+            out = box.resumable[decision.stream]
+            replay = out.after(decision.after)
+        elif box.get_stream is not None and box.get_stream.owner is None:
+            out = box.get_stream  # its client went away: this GET goes on with what waits
+        elif box.get_stream is not None:
             raise _rpc_error(409, INVALID_REQUEST, "Conflict", "this session's GET stream is open")
-        out = Stream(hs.outbox, kind="get")
-        hs.outbox.open_get(out)
+        else:
+            out = Stream(box, kind="get", resumable=not hs.ephemeral)
+            box.open_get(out)
+        if out.owner is not None:
+            # A client resuming a stream whose old connection we have not seen end yet (a
+            # network cut): the old connection lets go of it, and this one takes it.
+            out.owner.cancel()
+            with trio.move_on_after(CLOSE_BOUND):
+                await out.released.wait()
+            if out.owner is not None:
+                raise _rpc_error(409, INVALID_REQUEST, "Conflict", "the stream is still in use")
         hs.touch()
         try:
-            await self._stream(stream, conn, out, [])
+            await self._send_stream(
+                hs,
+                stream,
+                conn,
+                out,
+                [],
+                prime=primes(headers.get("mcp-protocol-version"))
+                and decision.kind is not ResumeKind.RESUME,
+                replay=replay,
+            )
         finally:
-            out.close()
             hs.touch()
         return None
+
+    async def _send_stream(
+        self,
+        hs: _HttpSession,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        out: Stream,
+        extra: list[tuple[str, str]],
+        *,
+        prime: bool = False,
+        replay: Sequence[bytes] = (),
+    ) -> None:
+        """`_stream`, then what becomes of `out`: closed once sent whole, kept for a resumption
+        when its client went away (and it can be resumed), left to the connection that took it
+        over."""
+        outcome = _Outcome.GONE
+        try:
+            outcome = await self._stream(stream, conn, out, extra, prime=prime, replay=replay)
+        finally:
+            if outcome is _Outcome.TAKEN:
+                pass  # another connection sends it now
+            elif outcome is _Outcome.GONE and out.resumable and not out.closed and hs.spawn:
+                out.detach()
+                hs.spawn(self._expire_detached, hs, out)
+            else:
+                out.close()
+        if outcome is not _Outcome.ENDED:
+            raise trio.BrokenResourceError("the client closed the stream, or sent too much")
+
+    async def _expire_detached(self, hs: _HttpSession, out: Stream) -> None:
+        """A detached stream not resumed within RESUME_WINDOW is dropped."""
+        with trio.move_on_after(RESUME_WINDOW):
+            await out.reattached.wait()
+        if out.owner is None and not out.closed:
+            out.close()
+            hs.touch()
 
     async def _stream(
         self,
@@ -1434,8 +1623,12 @@ class HttpEndpoint:
         conn: h11.Connection,
         out: Stream,
         extra: list[tuple[str, str]],
-    ) -> None:
-        """Write `out` as the response body until it closes or the client goes away."""
+        *,
+        prime: bool = False,
+        replay: Sequence[bytes] = (),
+    ) -> _Outcome:
+        """Write `out` as the response body until it ends, the client goes away, or another
+        connection takes it over (a resumption)."""
         import h11
 
         first: bytes | None = None
@@ -1450,7 +1643,7 @@ class HttpEndpoint:
                     conn,
                     _Reply(status, body, [("content-type", "application/json"), *extra]),
                 )
-                return
+                return _Outcome.ENDED
         if out.json:
             chunks = [*([first] if first is not None else []), *[c async for c in out.receive]]
             for chunk in chunks:
@@ -1460,7 +1653,7 @@ class HttpEndpoint:
                 conn,
                 _Reply(200, b"".join(chunks), [("content-type", "application/json"), *extra]),
             )
-            return
+            return _Outcome.ENDED
         await self._send(
             stream,
             conn,
@@ -1476,36 +1669,52 @@ class HttpEndpoint:
             ),
         )
         gone = False
-        async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as owned:
+            out.attach(owned)
+            try:
+                async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                # The client may close the connection at any time; h11 keeps what it pipelines
-                # (a next request's head, at most: more ends the connection, unread).
-                nonlocal gone
-                pipelined = 0
-                while True:
-                    try:
-                        data = await stream.receive_some(READ_CHUNK)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        data = b""
-                    pipelined += len(data)
-                    if not data or pipelined > MAX_HEADER_BYTES:
-                        gone = True
-                        nursery.cancel_scope.cancel()
-                        return
-                    conn.receive_data(data)
+                    async def watch() -> None:
+                        # The client may close the connection at any time; h11 keeps what it
+                        # pipelines (a next request's head, at most: more ends the connection,
+                        # unread).
+                        nonlocal gone
+                        pipelined = 0
+                        while True:
+                            try:
+                                data = await stream.receive_some(READ_CHUNK)
+                            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                                data = b""
+                            pipelined += len(data)
+                            if not data or pipelined > MAX_HEADER_BYTES:
+                                gone = True
+                                nursery.cancel_scope.cancel()
+                                return
+                            conn.receive_data(data)
 
-            nursery.start_soon(watch)
-            if first is not None:
-                await self._send(stream, conn, h11.Data(data=first))
-                out.sent(first)
-            async for chunk in out.receive:
-                await self._send(stream, conn, h11.Data(data=chunk))
-                out.sent(chunk)
-            nursery.cancel_scope.cancel()
+                    nursery.start_soon(watch)
+                    if prime:
+                        primer = priming_event(out.number, out.last_taken)
+                        await self._send(stream, conn, h11.Data(data=primer))
+                    for chunk in replay:
+                        await self._send(stream, conn, h11.Data(data=chunk))
+                    if first is not None:
+                        out.taken(first)
+                        await self._send(stream, conn, h11.Data(data=first))
+                        out.sent(first)
+                    async for chunk in out.receive:
+                        out.taken(chunk)
+                        await self._send(stream, conn, h11.Data(data=chunk))
+                        out.sent(chunk)
+                    nursery.cancel_scope.cancel()
+            finally:
+                out.detach()
+        if owned.cancelled_caught:
+            return _Outcome.TAKEN
         if gone:
-            raise trio.BrokenResourceError("the client closed the stream, or sent too much")
+            return _Outcome.GONE
         await self._send(stream, conn, h11.EndOfMessage())
+        return _Outcome.ENDED
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -1575,6 +1784,7 @@ class HttpEndpoint:
                 # As on the socket: a notifier task only while one is due; and the task that
                 # bounds a held call's wait for its retry (session/_input.py).
                 session.spawn = nursery.start_soon
+                hs.spawn = nursery.start_soon
                 nursery.start_soon(self.host.apply_to_session, hs.state)
                 hs.touch()
                 with hs.idle:

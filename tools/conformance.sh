@@ -115,9 +115,12 @@ start_daemon stdio "{\"command\": \"$PY\", \"args\": [\"$SERVER\", \"stdio\"], \
 start_daemon http "{\"type\": \"http\", \"url\": \"http://127.0.0.1:$DIRECT_PORT/mcp\", \"prefix\": false}"
 
 # CONFORMANCE_JS: another build of the suite (default: the pinned alpha of .peers).
+# SUITE_ARGS: more arguments for it, split as words (e.g. "--scenario server-sse-polling").
 run_suite() { # revision, endpoint name, port
   local args=(--spec-version "$1")
   [ "$1" != 2026-07-28 ] || args=(--requirements "$1")
+  # shellcheck disable=SC2206
+  [ -z "${SUITE_ARGS:-}" ] || args+=(${SUITE_ARGS})
   timeout "$CHECK_TIMEOUT" "$PEER_NODE22" "${CONFORMANCE_JS:-$PEER_CONFORMANCE_ALPHA_JS}" server \
     --url "http://127.0.0.1:$3/mcp" "${args[@]}" -o "$WORK/results/$1/$2" \
     >"$WORK/results/$1/$2.txt" 2>&1 || true

@@ -54,8 +54,9 @@ def drain(stream: Stream) -> list[dict[str, Any]]:
             chunk = stream.receive.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):
             return out
+        stream.taken(chunk)
         stream.sent(chunk)
-        data = chunk.removeprefix(b"event: message\ndata: ").strip() if not stream.json else chunk
+        data = chunk if stream.json else chunk.split(b"\ndata: ", 1)[1].strip()
         out.append(json.loads(data))
 
 
