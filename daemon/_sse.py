@@ -28,7 +28,7 @@ RETRY_MS = 1000
 RESUME_WINDOW = 60.0
 # What a stream keeps of the events it already handed to a connection, for a resumption: the
 # newest, up to this many bytes (also counted in the session's bytes).
-HISTORY_BYTES = 1024 * 1024
+HISTORY_BYTES = 256 * 1024
 # Room an event's `id:` line takes, for the admission check before the id is known.
 ID_ROOM = len(b"id: ") + 2 * 20 + len(b"-\n")
 
