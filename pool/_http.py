@@ -104,6 +104,8 @@ def _httpx() -> Any:
 class HttpUpstream(Upstream):
     """One connection to a remote MCP server."""
 
+    wire = "an HTTP response"
+
     # Tests put a fake server here (an `httpx2.MockTransport` factory), as httpcore takes a
     # `network_backend=`; None is the real network.
     transport_factory: Callable[[], Any] | None = None
@@ -471,7 +473,7 @@ class HttpUpstream(Upstream):
         if ctype == _MIME_SSE:
             await self._read_events(resp, related=uid, last=last)
         elif ctype == _MIME_JSON:
-            self._dispatch_related(await _read_capped(resp, self._max_line), uid)
+            self._dispatch_body(await _read_capped(resp, self._max_line), uid)
         else:
             self._fail_one(uid, f"answered with content type {ctype or 'none'}")
 
@@ -498,6 +500,28 @@ class HttpUpstream(Upstream):
                 if until_answered and related not in self._pending:
                     break
         return last
+
+    def _dispatch_body(self, data: bytes, related: int | None) -> None:
+        """An `application/json` response body: one message (or batch), pretty-printed or not;
+        or several, one a line, each dispatched (the answer among them settles the request, the
+        others go where a stream's messages go). A body that is neither fails the request with
+        what the server sent, rather than leaving it to time out."""
+        try:
+            _any_decoder.decode(data)
+        except msgspec.DecodeError:
+            lines = [line for line in data.splitlines() if line.strip()]
+            if len(lines) < 2 or not all(_is_json(line) for line in lines):
+                self._note(f"sent a JSON body that is not JSON-RPC: {data[:200]!r}")
+                self._fail_one(
+                    related,
+                    f"answered with an application/json body that is not a JSON-RPC message "
+                    f"({len(data)} bytes, starting {data[:80]!r})",
+                )
+                return
+            for line in lines:
+                self._dispatch_related(line, related)
+            return
+        self._dispatch_related(data, related)
 
     def _dispatch_related(self, data: bytes, related: int | None) -> None:
         if b"\n" in data or b"\r" in data:
@@ -675,6 +699,14 @@ class HttpUpstream(Upstream):
 
     def _tail(self) -> list[str]:
         return list(self.stderr_tail)[-5:]
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        _any_decoder.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return True
 
 
 def retry_seconds(last: dict[str, Any]) -> float:

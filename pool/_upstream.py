@@ -196,6 +196,9 @@ class Upstream:
     `_details` (see below) and calls `_dispatch` for every message it receives.
     """
 
+    # What carries the server's messages, as the log names it.
+    wire = "stdout"
+
     def __init__(
         self,
         identity: TransportIdentity,
@@ -828,7 +831,9 @@ class Upstream:
         try:
             decoded = decode(line)
         except McpoolError:
-            self.stderr_tail.append(f"[mcpool] ignored a malformed line on stdout: {line[:200]!r}")
+            self.stderr_tail.append(
+                f"[mcpool] ignored a malformed message on {self.wire}: {line[:200]!r}"
+            )
             return
         for msg in decoded if isinstance(decoded, list) else (decoded,):
             # This is the reader task every session of this server depends on: whatever a

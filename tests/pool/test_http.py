@@ -306,3 +306,55 @@ async def test_a_refused_header_value_never_reaches_errors_or_the_log(
     assert not any("s3cr3t" in line for line in shown), shown
     pool.release(handle)
     await pool.aclose()
+
+
+class TwoMessageServer(FakeHttpServer):
+    """Answers tools/call with an application/json body of two messages, one a line: a log
+    notification and the answer; `garbage` instead sends a body that is no JSON at all."""
+
+    def __init__(self, garbage: bool = False) -> None:
+        super().__init__()
+        self.garbage = garbage
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and json.loads(request.content).get("method") == "tools/call":
+            msg_id = json.loads(request.content)["id"]
+            if self.garbage:
+                return httpx2.Response(
+                    200, headers={"content-type": "application/json"}, content=b"<html>oops"
+                )
+            log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x"}}
+            answer = {"jsonrpc": "2.0", "id": msg_id, "result": {"content": []}}
+            body = json.dumps(log).encode() + b"\n" + json.dumps(answer).encode() + b"\n"
+            return httpx2.Response(200, headers={"content-type": "application/json"}, content=body)
+        return await super().handle(request)
+
+
+async def test_a_json_body_of_several_messages_is_read_message_by_message(
+    nursery: trio.Nursery,
+) -> None:
+    events = Events()
+    up = upstream_class(TwoMessageServer())(
+        identity_of("web", settings()), events, max_line=1 << 20, handshake_timeout=WAIT
+    )
+    with trio.fail_after(WAIT):
+        await nursery.start(up.run)
+        result = await up.call("tools/call", {"name": "x"}, timeout=WAIT)
+    assert result == {"content": []}
+    assert events.notifications == ["notifications/message"]
+    up.request_close("drained")
+
+
+async def test_a_json_body_that_is_no_message_fails_its_request_naming_what_came(
+    nursery: trio.Nursery,
+) -> None:
+    up = upstream_class(TwoMessageServer(garbage=True))(
+        identity_of("web", settings()), Events(), max_line=1 << 20, handshake_timeout=WAIT
+    )
+    with trio.fail_after(WAIT):
+        await nursery.start(up.run)
+    with pytest.raises(McpoolError) as failed, trio.fail_after(WAIT):
+        await up.call("tools/call", {"name": "x"}, timeout=WAIT)
+    assert "server 'web' answered with an application/json body" in str(failed.value.data)
+    assert "<html>oops" in str(failed.value.data)
+    assert any("an HTTP response" in line or "JSON body" in line for line in up.stderr_tail)
