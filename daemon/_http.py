@@ -1610,10 +1610,12 @@ class HttpEndpoint:
             raise trio.BrokenResourceError("the client closed the stream, or sent too much")
 
     async def _expire_detached(self, hs: _HttpSession, out: Stream) -> None:
-        """A detached stream not resumed within RESUME_WINDOW is dropped."""
+        """A detached stream not resumed within RESUME_WINDOW is dropped (by the task of its
+        latest detachment: one resumed and detached again has a window of its own)."""
+        reattached = out.reattached
         with trio.move_on_after(RESUME_WINDOW):
-            await out.reattached.wait()
-        if out.owner is None and not out.closed:
+            await reattached.wait()
+        if out.reattached is reattached and out.owner is None and not out.closed:
             out.close()
             hs.touch()
 
