@@ -7,6 +7,7 @@ import json
 
 import pytest
 import trio
+import trio.testing
 
 from mcpool.daemon._http import SessionOutbox, Stream
 from mcpool.daemon._sse import (
@@ -123,3 +124,41 @@ def test_history_is_bounded_and_gives_way_to_messages() -> None:
         box.write(big + b"\n")  # alone, past it with the history
     assert box.buffered + box.history_bytes <= limit
     assert get.history_bytes < HISTORY_BYTES
+
+
+class _Touched:
+    def __init__(self) -> None:
+        self.touches = 0
+
+    def touch(self) -> None:
+        self.touches += 1
+
+
+async def test_a_detached_stream_waits_its_window_then_goes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from mcpool.daemon._http import HttpEndpoint
+    from mcpool.daemon._sse import RESUME_WINDOW
+
+    box = SessionOutbox(1 << 20)
+    kept, dropped = (
+        Stream(box, kind="post", resumable=True),
+        Stream(box, kind="post", resumable=True),
+    )
+    hs = _Touched()
+    async with trio.open_nursery() as nursery:
+        for stream in (kept, dropped):
+            stream.detach()
+            nursery.start_soon(HttpEndpoint._expire_detached, None, hs, stream)
+        await trio.sleep(RESUME_WINDOW - 1)
+        kept.attach(trio.CancelScope())  # resumed in time
+        await trio.sleep(2)
+        assert dropped.closed and dropped.number not in box.resumable
+        assert not kept.closed and kept.number in box.resumable
+        # Resumed, then gone again: a window of its own, counted from then.
+        kept.detach()
+        nursery.start_soon(HttpEndpoint._expire_detached, None, hs, kept)
+        await trio.sleep(RESUME_WINDOW - 1)
+        assert not kept.closed
+        await trio.sleep(2)
+        assert kept.closed
