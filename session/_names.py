@@ -19,35 +19,18 @@ from __future__ import annotations
 import hashlib
 import re
 
+from ._clients import traits_of
+
 MAX_NAME = 64  # the tool-name limit of the strictest major model API
 MIN_NAME = 20  # below this a shortened name is mostly hash: refuse a smaller budget
 _HASH_CHARS = 8
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 
-# What the client puts in front of an exposed name and the limit it (or its model API) holds the
-# whole name to, assuming the client calls mcpool "mcpool" (what `mcpool setup-client` writes).
-# Matched by a substring of the lowercased `clientInfo.name` the client sends in `initialize`.
-# Each prefix is what the client was seen sending its model (tests/e2e/test_real_clients.py).
-CLIENT_NAME_RULES: tuple[tuple[str, str, int], ...] = (
-    ("claude", "mcp__mcpool__", 64),  # Claude Code: the Anthropic API's 64
-    ("qwen", "mcp__mcpool__", 63),  # Qwen Code cuts names to 63
-    ("gemini", "mcp_mcpool_", 63),  # gemini-cli cuts names over 63 in the middle
-    ("codex", "mcpool__", 64),  # Codex: its OpenAI tool names, 64
-    ("copilot-cli", "mcpool-", 64),  # GitHub Copilot CLI re-cuts names over 64
-    ("opencode", "mcpool_", 64),  # opencode: the model API's 64 (it cuts nothing)
-    ("@cline/", "mcpool__", 64),  # Cline CLI (@cline/core) re-cuts names over 64
-)
-
 
 def client_budget(client_name: str | None) -> int | None:
     """The longest exposed name that fits the named client after its prefix; None: unknown."""
-    if not client_name:
-        return None
-    lowered = client_name.lower()
-    for needle, prefix, limit in CLIENT_NAME_RULES:
-        if needle in lowered:
-            return limit - len(prefix)
-    return None
+    traits = traits_of(client_name)
+    return None if traits is None else traits.limit - len(traits.prefix)
 
 
 def name_budget(
