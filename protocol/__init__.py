@@ -20,6 +20,7 @@ from ._errors import (
     UPSTREAM_CLOSED,
     UPSTREAM_TIMEOUT,
     UPSTREAM_UNAVAILABLE,
+    ErrorObject,
     InvalidParams,
     InvalidRequest,
     LocalProtocolError,
@@ -37,7 +38,6 @@ from ._errors import (
 )
 from ._framing import DEFAULT_MAX_LINE, LineFramer
 from ._jsonrpc import (
-    ErrorObject,
     ErrorResponse,
     JsonRpcId,
     Message,

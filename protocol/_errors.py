@@ -11,10 +11,9 @@ invalid; a RemoteProtocolError means the peer sent something invalid.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from ._jsonrpc import ErrorObject
+from msgspec import UNSET, Struct
 
 __all__ = [
     "ATTACH_FAILED",
@@ -73,6 +72,14 @@ SESSION_CLOSING = -31007
 NOT_ROUTABLE = -31008  # no server of this session offers that resource or prompt
 
 
+class ErrorObject(Struct, omit_defaults=True):
+    """A JSON-RPC error object, as sent (protocol/_jsonrpc.py's envelopes carry it)."""
+
+    code: int
+    message: str
+    data: Any = UNSET
+
+
 class McpoolError(Exception):
     """Base of every error mcpool raises on purpose.
 
@@ -102,9 +109,6 @@ class McpoolError(Exception):
         return reason
 
     def to_error_object(self) -> ErrorObject:
-        # Imported here because _jsonrpc raises these errors (a module-level import would cycle).
-        from ._jsonrpc import ErrorObject
-
         return ErrorObject(code=self.code, message=self.message, data=self.data)
 
     def __repr__(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from ._errors import InvalidParams, InvalidRequest, LocalProtocolError, ParseError
+from ._errors import ErrorObject, InvalidParams, InvalidRequest, LocalProtocolError, ParseError
 
 __all__ = [
     "ErrorObject",
@@ -95,12 +95,6 @@ class Response(Struct, gc=False):
     jsonrpc: str
     id: JsonRpcId
     result: Raw
-
-
-class ErrorObject(Struct, omit_defaults=True):
-    code: int
-    message: str
-    data: Any = UNSET
 
 
 class ErrorResponse(Struct, gc=False):
