@@ -39,3 +39,16 @@ def test_layers_point_one_way() -> None:
 def test_no_package_is_an_import_circle(layer: str) -> None:
     circles = [c for c in structure.circles(structure.graph()) if structure.layer_of(c[0]) == layer]
     assert circles == []
+
+
+@pytest.mark.slow
+def test_each_module_type_checks_strictly_alone() -> None:
+    """mypy --strict over every module by itself (tools/typecheck --each), so that no object
+    type-checks only through another's (a room's `cast("Session", self)`)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["bash", "tools/typecheck", "--each"], cwd=repo, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
