@@ -38,6 +38,9 @@ MAX_SNAPSHOTS_BYTES = 8 * 1024 * 1024
 # big is a broken server's, and reading it would stall the loop.
 MAX_SNAPSHOT_FILE_BYTES = 2 * 1024 * 1024
 SUFFIX = ".json"
+# A server not up within a first list's wait, never seen up since: an empty file of this suffix
+# beside where its record would be (they are few and tiny: not counted in the folder's bound).
+SLOW_SUFFIX = ".slow"
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(StoredSnapshot)
@@ -102,11 +105,12 @@ class FileSnapshotStore:
         self.folder = folder
         self.log = log
         self.max_bytes = max_bytes
-        # fingerprint -> its newest work not yet done; the queue holds each fingerprint once
-        # (or the event of a `settled` call), in order.
-        self._work: dict[str, _Work] = {}
+        # file -> its newest work not yet done; the queue holds each file once (or the event
+        # of a `settled` call), in order.
+        self._work: dict[Path, _Work] = {}
         self._work_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Path | threading.Event] = queue.SimpleQueue()
+        self._slow: set[str] | None = None  # read once, on the first question
         self._writer: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
 
@@ -153,7 +157,7 @@ class FileSnapshotStore:
                 f"snapshot of {record.server_name or 'a server'} not kept: {size} bytes",
             )
             return
-        self._hand_on(record.fingerprint, data)
+        self._hand_on(self.path_for(record.fingerprint), data)
 
     async def settled(self) -> None:
         """Once every save and forget asked for before this call is done (shutdown, tests)."""
@@ -164,9 +168,30 @@ class FileSnapshotStore:
         await trio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
 
     def forget(self, fingerprint: str) -> None:
-        self._hand_on(fingerprint, None)
+        self._hand_on(self.path_for(fingerprint), None)
 
-    def _hand_on(self, fingerprint: str, work: _Work) -> None:
+    def slow(self, fingerprint: str) -> bool:
+        if self._slow is None:
+            self._slow = set()
+            with contextlib.suppress(OSError), os.scandir(self.folder) as it:
+                self._slow = {e.name for e in it if e.name.endswith(SLOW_SUFFIX)}
+        return self._slow_name(fingerprint) in self._slow
+
+    def mark_slow(self, fingerprint: str, slow: bool) -> None:
+        if slow == self.slow(fingerprint):
+            return
+        name = self._slow_name(fingerprint)
+        assert self._slow is not None
+        if slow:
+            self._slow.add(name)
+        else:
+            self._slow.discard(name)
+        self._hand_on(self.folder / name, [b""] if slow else None)
+
+    def _slow_name(self, fingerprint: str) -> str:
+        return snapshot_file_name(fingerprint).removesuffix(SUFFIX) + SLOW_SUFFIX
+
+    def _hand_on(self, path: Path, work: _Work) -> None:
         if self._writer is None:
             with contextlib.suppress(RuntimeError):  # (outside a trio run: warnings logged there)
                 self._token = trio.lowlevel.current_trio_token()
@@ -176,13 +201,13 @@ class FileSnapshotStore:
             )
             self._writer.start()
         with self._work_lock:
-            queued = fingerprint in self._work
-            self._work[fingerprint] = work
+            queued = path in self._work
+            self._work[path] = work
         if not queued:
-            self._queue.put(fingerprint)
+            self._queue.put(path)
 
     def _write_handed_on(self) -> None:
-        """The writer thread: each fingerprint's newest work, in the order first asked for."""
+        """The writer thread: each file's newest work, in the order first asked for."""
         while True:
             item = self._queue.get()
             if isinstance(item, threading.Event):
@@ -190,7 +215,7 @@ class FileSnapshotStore:
                 continue
             with self._work_lock:
                 work = self._work.pop(item)
-            path = self.path_for(item)
+            path = item
             if work is None:
                 with contextlib.suppress(OSError):  # (gone already, or never a file: forgotten)
                     os.unlink(path)

@@ -311,6 +311,10 @@ class PoolEntry:
         self.stored: StoredSnapshot | None = None
         # L6: how long a session's first list waits for this entry's first start (trio time).
         self.startup_deadline = -math.inf
+        # Never seen up, and not up within a first list's wait on this or an earlier run: no
+        # first list waits for it again until it has been up (issue 28; the snapshot store
+        # remembers it across runs).
+        self.known_slow = False
         self.wake_requested = trio.Event()  # STANDBY: set when a request needs the process
         # Requests parked until the first start attempt ends: called with None once the
         # upstream is up, else with why not (the attempt failed or the entry closed).

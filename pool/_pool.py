@@ -226,6 +226,8 @@ class Pool:
             entry.startup_deadline = trio.current_time() + self.options.startup_budget
             # A server seen before starts from its stored discovery (flagged cached).
             self._start_from_store(entry)
+            if entry.stored is None and self._snapshots is not None:
+                entry.known_slow = self._snapshots.slow(identity.fingerprint)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
                 if known is not None and standby_basis(known) and not standby_basis(entry.snapshot):
@@ -260,6 +262,14 @@ class Pool:
             entry.move_deadline(math.inf)
             entry.fire(EntryEvent.LEASED)
         return handle
+
+    def note_not_up(self, entry: PoolEntry) -> None:
+        """A session's first list went on without `entry` (its wait ran out): a server never
+        seen up is remembered as slow, and no first list waits for it until it has been up."""
+        if entry.stored is None and entry.up_since is None and not entry.known_slow:
+            entry.known_slow = True
+            if self._snapshots is not None:
+                self._snapshots.mark_slow(entry.identity.fingerprint, True)
 
     def _start_from_store(self, entry: PoolEntry) -> None:
         """A new entry whose server was seen before: its last discovery is its first snapshot
@@ -600,6 +610,10 @@ class Pool:
                     return None
                 entry.up_since = trio.current_time()
                 entry.upstream = upstream
+                if entry.known_slow:  # seen up: first lists wait for it again
+                    entry.known_slow = False
+                    if self._snapshots is not None:
+                        self._snapshots.mark_slow(entry.identity.fingerprint, False)
                 entry.era = upstream.era
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)

@@ -78,6 +78,14 @@ class SnapshotStore(Protocol):
 
     def forget(self, fingerprint: str) -> None: ...
 
+    def slow(self, fingerprint: str) -> bool:
+        """Was this server, never seen up, not up within a first list's wait on an earlier
+        run? (issue 28: it is not waited for again until it has been seen up.)"""
+        ...
+
+    def mark_slow(self, fingerprint: str, slow: bool) -> None:
+        """Remember that (or, False: forget it once the server has been seen up)."""
+
     async def settled(self) -> None:
         """Once every save and forget asked for so far is done."""
 
@@ -87,6 +95,7 @@ class MemorySnapshotStore:
 
     def __init__(self) -> None:
         self.records: dict[str, StoredSnapshot] = {}
+        self.slow_ones: set[str] = set()
 
     def load(self, fingerprint: str) -> StoredSnapshot | None:
         return self.records.get(fingerprint)
@@ -98,6 +107,15 @@ class MemorySnapshotStore:
 
     def forget(self, fingerprint: str) -> None:
         self.records.pop(fingerprint, None)
+
+    def slow(self, fingerprint: str) -> bool:
+        return fingerprint in self.slow_ones
+
+    def mark_slow(self, fingerprint: str, slow: bool) -> None:
+        if slow:
+            self.slow_ones.add(fingerprint)
+        else:
+            self.slow_ones.discard(fingerprint)
 
     async def settled(self) -> None:
         return

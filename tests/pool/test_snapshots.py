@@ -458,3 +458,62 @@ def test_a_record_written_in_pieces_is_the_record_encoded_with_its_lists_joined(
     assert msgspec.json.decode(joined, type=StoredSnapshot) == msgspec.structs.replace(
         record, **{field: tuple(items) for field, items in lists.items()}
     )
+
+
+async def test_a_server_never_up_in_time_is_remembered_slow_across_runs_until_seen_up(
+    tmp_path: Path,
+) -> None:
+    """Issue 28: the file store keeps a slow mark per fingerprint (a file beside the records,
+    outside the folder's bound), read by a new store (the next run) and dropped once up."""
+    store = FileSnapshotStore(tmp_path, Logs())
+    assert not store.slow("fp")
+    store.mark_slow("fp", True)
+    store.mark_slow("fp", True)  # said once
+    with trio.fail_after(5):
+        await store.settled()
+    next_run = FileSnapshotStore(tmp_path, Logs())
+    assert next_run.slow("fp") and not next_run.slow("other")
+    next_run.mark_slow("fp", False)
+    with trio.fail_after(5):
+        await next_run.settled()
+    assert not FileSnapshotStore(tmp_path, Logs()).slow("fp")
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_the_pool_marks_an_entry_never_up_in_time_and_clears_it_once_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gate = trio.Event()
+    server = FakeServer(tools=[tool("alpha")])
+    server.start_gate = gate
+    store = MemorySnapshotStore()
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, FakeNet(srv=server), store, Logs())
+        handle = pool.lease(IDENTITY, SETTINGS, "s1", Listener())
+        entry = handle.entry
+        assert not entry.known_slow
+        pool.note_not_up(entry)  # a session's first list went on without it
+        assert entry.known_slow and store.slow(IDENTITY.fingerprint)
+        gate.set()
+        with trio.fail_after(5):
+            await entry.ready.wait()
+        assert not entry.known_slow and not store.slow(IDENTITY.fingerprint)
+        pool.note_not_up(entry)  # up now: nothing to remember
+        assert not store.slow(IDENTITY.fingerprint)
+        pool.release(handle)
+        await pool.aclose()
+
+
+async def test_a_new_entry_of_a_server_remembered_slow_starts_known_slow(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer(tools=[tool("alpha")])
+    server.start_gate = trio.Event()
+    store = MemorySnapshotStore()
+    store.mark_slow(IDENTITY.fingerprint, True)
+    async with trio.open_nursery() as nursery:
+        pool = _pool(nursery, FakeNet(srv=server), store, Logs())
+        handle = pool.lease(IDENTITY, SETTINGS, "s1", Listener())
+        assert handle.entry.known_slow
+        pool.release(handle)
+        await pool.aclose()
