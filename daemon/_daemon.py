@@ -162,7 +162,9 @@ def _main(argv: list[str], status: StatusPipe) -> int:
         except ValueError as exc:
             parser.error(f"--http: {exc}")
         if importlib.util.find_spec("h11") is None:
-            parser.error("--http needs h11, a dependency of mcpool that is missing: reinstall mcpool")
+            parser.error(
+                "--http needs h11, a dependency of mcpool that is missing: reinstall mcpool"
+            )
         if not (bind_is_loopback(host) or args.http_allow_remote):
             parser.error(f"--http {args.http}: not a loopback address (see --http-allow-remote)")
         http_bind = (host, port, args.http_allow_remote)
@@ -231,6 +233,7 @@ class Daemon(ConnectionServer):
         self.admin_commands = dict(_admin.COMMANDS)
         if os.environ.get(_admin.TEST_HOOKS_ENV) == "1":
             self.admin_commands.update(_admin.TEST_COMMANDS)
+        self._admin_handlers = self.admin_handler_table()
         self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
         self.notes: list[str] = []
         self._cli_log_level = log_level

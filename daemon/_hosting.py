@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from mcpool.pool import (
+    EntryState,
     PoolEntry,
     PoolOptions,
     ServerSettings,
@@ -272,7 +273,7 @@ class SettingsHost(DaemonCore):
         assert self.pool is not None
         for view in st.session.views.values():
             entry = view.handle.entry if view.handle else None
-            if entry is not None and entry.state.value == "crash-loop" and view.source in paths:
+            if entry is not None and entry.state is EntryState.CRASH_LOOP and view.source in paths:
                 self.pool.restart_entry(entry)
 
     def stale_files(self) -> set[str]:
