@@ -12,6 +12,7 @@ import contextlib
 import gc
 import sys
 import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from msgspec import UNSET
 
 from mcpool import __version__
 from mcpool.pool import (
+    EntryState,
     FdWriter,
     WriterClosed,
     read_some,
@@ -37,6 +39,7 @@ from mcpool.protocol import (
 
 from . import _admin
 from ._core import EXIT_STOPPED, _SessionState  # noqa: F401
+from ._explain import explain
 from ._hosting import _DAEMON_LEASE, SettingsHost, _DaemonLease  # noqa: F401
 from ._settings import (
     parse_server_entry,
@@ -44,6 +47,11 @@ from ._settings import (
 from ._snapshots import describe_snapshot
 
 RESTART_WAIT = 60.0  # `daemonctl restart` answers by then even if a server is still starting
+
+# States that end a restart without a new upstream: `daemonctl restart` answers with them.
+_RESTART_OUTCOMES = frozenset(
+    {EntryState.CRASH_LOOP, EntryState.NEEDS_LOGIN, EntryState.CLOSED, EntryState.FAILED}
+)
 
 
 async def _forced_failure() -> None:
@@ -72,7 +80,32 @@ def _tree_rss(pid: int | None, children: bool = True) -> int | None:
         return None
 
 
+AdminHandler = Callable[[Any], Awaitable[Any]]
+
+
 class AdminApi(SettingsHost):
+    _admin_handlers: dict[str, AdminHandler]  # admin_handler_table(), built by Daemon.__init__
+
+    def admin_handler_table(self) -> dict[str, AdminHandler]:
+        """Each command's handler, by the handler name daemon/_admin.py gives it."""
+        return {
+            "status": self._admin_status,
+            "servers": self._admin_servers,
+            "sessions": self._admin_sessions,
+            "tools": self._admin_tools,
+            "explain": self._admin_explain,
+            "stop": self._admin_stop,
+            "reload": self._admin_reload,
+            "restart": self._admin_restart,
+            "logs": self._admin_logs,
+            "setServer": self._admin_setServer,
+            "login": self._admin_login,
+            "loginWait": self._admin_loginWait,
+            "logout": self._admin_logout,
+            "testCrash": self._admin_testCrash,
+            "testFail": self._admin_testFail,
+        }
+
     async def _serve_admin(
         self, fd: int, writer: FdWriter, framer: LineFramer, first: Message, pending: list[bytes]
     ) -> None:
@@ -112,7 +145,7 @@ class AdminApi(SettingsHost):
         try:
             command = _admin.lookup(method, self.admin_commands)
             params = _admin.decode_params(command, msg.params)
-            result = await getattr(self, f"_admin_{command.handler}")(params)
+            result = await self._admin_handlers[command.handler](params)
             answer = response(msg.id, result) if isinstance(msg.id, int | str) else None
         except McpoolError as exc:
             answer = self._error_line(msg.id, exc) if msg.id is not UNSET else None
@@ -353,6 +386,11 @@ class AdminApi(SettingsHost):
                 )
         return rows
 
+    async def _admin_explain(self, params: _admin.ExplainParams) -> dict[str, Any]:
+        assert self.pool is not None
+        st = self._session_state(params.session)
+        return explain(st, params.name, self.sessions, self.pool.entries(), self.files)
+
     async def _admin_stop(self, params: _admin.NoParams) -> dict[str, Any]:
         self.request_stop()
         return {"pid": self.pid}
@@ -391,8 +429,8 @@ class AdminApi(SettingsHost):
                 await waits[id(entry)].wait()  # the restart itself is a transition
                 while not (
                     (entry.upstream is not None and entry.upstream is not old)
-                    or entry.state.value in ("crash-loop", "needs-login", "closed", "failed")
-                    or (entry.state.value == "restarting" and entry.last_error)
+                    or entry.state in _RESTART_OUTCOMES
+                    or (entry.state is EntryState.RESTARTING and entry.last_error)
                 ):
                     await entry.state_changed.wait()
             results.append(

@@ -46,9 +46,8 @@ from mcpool.session import (
 )
 
 from . import _admin
-from ._admin_api import RESTART_WAIT, _forced_failure, _tail, _tree_rss  # noqa: F401
+from ._admin_api import RESTART_WAIT, AdminApi, _forced_failure, _tail, _tree_rss  # noqa: F401
 from ._core import EXIT_STOPPED, _SessionState  # noqa: F401
-from ._explain import Explainer
 from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
 
 # The attach request decodes through the admin boundary's typed decoder (no handler: the
@@ -208,7 +207,7 @@ def _at_fd_limit(first: Message) -> bytes:
     )
 
 
-class ConnectionServer(Explainer):
+class ConnectionServer(AdminApi):
     async def _accept_loop(self) -> None:
         reserved = False  # the next connection is accepted with the fd reserve's room
         failing = False

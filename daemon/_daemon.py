@@ -233,6 +233,7 @@ class Daemon(ConnectionServer):
         self.admin_commands = dict(_admin.COMMANDS)
         if os.environ.get(_admin.TEST_HOOKS_ENV) == "1":
             self.admin_commands.update(_admin.TEST_COMMANDS)
+        self._admin_handlers = self.admin_handler_table()
         self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
         self.notes: list[str] = []
         self._cli_log_level = log_level

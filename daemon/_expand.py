@@ -21,7 +21,7 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
@@ -59,10 +59,16 @@ def for_session(
     return entry
 
 
-def check_cwd(name: str, identity: TransportIdentity, source: str) -> None:
+def check_cwd(
+    name: str,
+    identity: TransportIdentity,
+    source: str,
+    *,
+    is_folder: Callable[[str], bool] = os.path.isdir,
+) -> None:
     """Refuse a stdio entry whose (resolved) cwd is not a folder: a typo must not run the
     server somewhere else (a filesystem server given "." would then serve "/")."""
-    if identity.cwd is not None and not os.path.isdir(identity.cwd):
+    if identity.cwd is not None and not is_folder(identity.cwd):
         raise SettingsError(
             f"cwd {printable(identity.cwd)} does not exist (or is not a folder): "
             "the server is not started",

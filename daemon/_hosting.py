@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from mcpool.pool import (
+    EntryState,
     PoolEntry,
     PoolOptions,
     ServerSettings,
@@ -30,11 +31,11 @@ from mcpool.protocol import (
 )
 from mcpool.session import (
     Desired,
-    PolicyKey,
 )
 
 from ._core import EXIT_STOPPED, DaemonCore, _SessionState  # noqa: F401
-from ._expand import SelfLaunch, check_cwd, for_session, skip_message
+from ._desired import desired
+from ._expand import check_cwd, for_session
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -110,63 +111,31 @@ class SettingsHost(DaemonCore):
         )
 
     def desired_for(self, state: _SessionState) -> dict[str, Desired]:
-        merged: dict[str, tuple[ServerSettings, str]] = {}
+        """What the session desires now: its files re-read where they changed on disk, the
+        pure `desired` over them, then each newly skipped entry logged once."""
+        layers = []
         for path in state.sources:
             loaded = self.files.get(path)
             if loaded is None or loaded.signature != file_signature(path):
                 # New, or written since we read it (the watcher's event may still be on its
                 # way): a session never starts from settings older than the file.
                 loaded = self.load_file(path)
-            for name, entry in loaded.servers.items():
-                merged.pop(name, None)
-                merged[name] = (entry, path)
-        for name, (entry, source) in state.overrides.items():
-            merged.pop(name, None)
-            merged[name] = (entry, source)
-        desired: dict[str, Desired] = {}
-        session = state.session
-        env = state.env if state.env is not None else base_environment()
-        skipped: dict[str, tuple[str, str]] = {}
-        loops: set[str] = set()
-        for name, (entry, source) in merged.items():
-            if entry.disabled:
-                continue
-            key = PolicyKey.from_settings(entry)
-            try:
-                entry = for_session(name, entry, env, source, from_session=state.env is not None)
-            except SettingsError as exc:
-                skipped[name] = (source, skip_message(exc))
-                if isinstance(exc, SelfLaunch):
-                    loops.add(name)
-                continue
-            if not self.options.pool:
-                # Troubleshooting switch: every session connects its own upstreams, and the
-                # connected identity includes the policy key, so a policy change reconnects.
-                entry = msgspec.structs.replace(entry, scope="session")
-            base = (
-                settings_base_dir(source, self.config_path)
-                if source != "<runtime>"
-                else (session.cwd or os.path.expanduser("~"))
-            )
-            try:
-                identity = identity_of(
-                    name,
-                    entry,
-                    base_dir=base,
-                    session_roots=(session.cwd,) if session.cwd else (),
-                    policy=None if self.options.pool else key.encoded(),
-                )
-                check_cwd(name, identity, source)
-            except SettingsError as exc:
-                skipped[name] = (source, skip_message(exc))
-                continue
-            desired[name] = Desired(name, entry, identity, key, source)
-        for name, (source, error) in skipped.items():
+            layers.append((path, loaded.servers))
+        out = desired(
+            layers,
+            state.overrides,
+            env=state.env if state.env is not None else base_environment(),
+            from_session=state.env is not None,
+            pooling=self.options.pool,
+            config_path=self.config_path,
+            cwd=state.session.cwd,
+        )
+        for name, (source, error) in out.skipped.items():
             if state.skipped.get(name) != (source, error):
-                level = "warning" if name in loops else "error"
+                level = "warning" if name in out.loops else "error"
                 self.log(level, f"server '{name}' skipped: {error}", path=source, server=name)
-        state.skipped = skipped
-        return desired
+        state.skipped = out.skipped
+        return out.desired
 
     def own_servers(self) -> dict[str, tuple[TransportIdentity, ServerSettings]]:
         """The user file's shared servers as the daemon itself starts them (`"start":
@@ -272,7 +241,7 @@ class SettingsHost(DaemonCore):
         assert self.pool is not None
         for view in st.session.views.values():
             entry = view.handle.entry if view.handle else None
-            if entry is not None and entry.state.value == "crash-loop" and view.source in paths:
+            if entry is not None and entry.state is EntryState.CRASH_LOOP and view.source in paths:
                 self.pool.restart_entry(entry)
 
     def stale_files(self) -> set[str]:
