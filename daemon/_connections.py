@@ -153,11 +153,11 @@ class _BridgeSockets:
 
 class DetachPacer:
     """Turns to close a session whose client left, at most `per_pass` held at once, handed on
-    in arrival order. A client closing hundreds of sessions wakes their readers together (up
-    to IO_EVENTS_PER_PASS a pass); each then only parks here, and the closes run a few per
-    pass, so the sessions still attached are served between them (issue 17). A parking lot,
-    not a CapacityLimiter: that one raises and catches WouldBlock and keeps a borrower set for
-    every waiter, a third more of the loop time of those wake-ups."""
+    in arrival order. A client closing hundreds of sessions wakes their readers together (trio
+    wakes every ready fd's waiter in one pass); each then only parks here, and the closes run
+    a few per pass, so the sessions still attached are served between them (issue 17). A
+    parking lot, not a CapacityLimiter: that one raises and catches WouldBlock and keeps a
+    borrower set for every waiter, a third more of the loop time of those wake-ups."""
 
     def __init__(self, per_pass: int) -> None:
         self._free = per_pass

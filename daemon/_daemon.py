@@ -81,7 +81,6 @@ from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._login import Logins
-from ._loop import order_io_events, quicker_instruments
 from ._settings import (
     DaemonOptions,
     LoadedFile,
@@ -192,7 +191,6 @@ def _main(argv: list[str], status: StatusPipe) -> int:
     daemon.http_bind = http_bind
     daemon.journal.path = _paths.daemon_log_path(Path(sock_path))
     daemon.serving = status.serving
-    order_io_events()
     try:
         exit_status: int = trio.run(daemon.run)
         status.exited(exit_status, daemon.failure)
@@ -259,7 +257,6 @@ class Daemon(ConnectionServer):
 
     async def run(self) -> int:
         self.started = trio.current_time()
-        quicker_instruments()
         self.load_file(self.config_path)
         self.apply_daemon_options()
         # Everything imported so far lives as long as the process: keep it out of collections,

@@ -39,7 +39,6 @@ import itertools
 import math
 import os
 import signal
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -163,22 +162,6 @@ _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-try:
-    from trio._core._run import SystemClock as _SystemClock
-except ImportError:  # another trio: every clock is read through its current_time()
-    _SystemClock = None  # type: ignore[assignment,misc]
-
-
-def _clock_reader(clock: trio.abc.Clock) -> tuple[Callable[[], float], float]:
-    """A function and an offset whose sum is `clock`'s time: trio's own clock is
-    `offset + perf_counter()` (read in one C call then, not through a Python method); any
-    other (a MockClock) is its current_time() and 0."""
-    offset = getattr(clock, "offset", None)
-    if _SystemClock is not None and type(clock) is _SystemClock and isinstance(offset, float):
-        return time.perf_counter, offset
-    return clock.current_time, 0.0
-
-
 def listen_reopen_delay(short_runs: int) -> float:
     """Seconds before reopening a listen stream the server ended, after `short_runs` streams in
     a row that it ended early (1 is the first)."""
@@ -232,9 +215,8 @@ class Upstream:
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
         self._due: collections.deque[tuple[float, int, str, float]] = collections.deque()
         self._deadlines: list[tuple[float, int, str, float]] = []
-        # The run's clock, as a function and an offset (`_clock_reader`), found on first use.
+        # The run's clock's current_time, found on first use (`_read_clock`).
         self._now: Callable[[], float] | None = None
-        self._clock_offset = 0.0
         self._deadline_wake = trio.Event()
         self._close_requested = trio.Event()
         self._exited = trio.Event()
@@ -309,12 +291,12 @@ class Upstream:
         if now is None:
             now = self._read_clock()
         limit = self.request_timeout
-        self._push_deadline((now() + self._clock_offset + limit, uid, method, limit))
+        self._push_deadline((now() + limit, uid, method, limit))
 
     def _read_clock(self) -> Callable[[], float]:
         """The run's clock, asked once: trio.current_time() goes through three calls to get to
         it (a MockClock in tests is the run's clock as well)."""
-        self._now, self._clock_offset = _clock_reader(trio.lowlevel.current_clock())
+        self._now = trio.lowlevel.current_clock().current_time
         return self._now
 
     def _push_deadline(self, entry: tuple[float, int, str, float]) -> None:
@@ -359,7 +341,7 @@ class Upstream:
         if now is None:
             now = self._read_clock()
         limit = self.request_timeout
-        entry = (now() + self._clock_offset + limit, uid, method, limit)
+        entry = (now() + limit, uid, method, limit)
         due = self._due
         if due and entry[0] >= due[-1][0] and len(due) <= 2 * len(pending) + DEADLINE_COMPACT_SLACK:
             due.append(entry)

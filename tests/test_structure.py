@@ -20,6 +20,10 @@ STILL_CIRCULAR = {
 }
 
 
+def test_no_module_imports_trios_internals() -> None:
+    assert structure.private_trio_imports() == []
+
+
 def test_layers_point_one_way() -> None:
     assert structure.upward(structure.graph(all_imports=True)) == []
 

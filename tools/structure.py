@@ -84,6 +84,18 @@ def graph(*, all_imports: bool = False) -> dict[str, set[str]]:
     return edges
 
 
+def private_trio_imports() -> list[tuple[str, str]]:
+    """(module, what) for every import of trio's private parts (`trio._...`), anywhere in a
+    module (inside functions too): the daemon uses trio's public API only (issue 27)."""
+    files = module_files()
+    return sorted(
+        (module, target)
+        for module, path in files.items()
+        for target in imports_of(module, path, files, all_imports=True)
+        if target.startswith("trio._")
+    )
+
+
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -150,6 +162,9 @@ def main() -> int:
     for a, b in upward(edges):
         bad += 1
         print(f"upward import: {a} -> {b}")
+    for module, target in private_trio_imports():
+        bad += 1
+        print(f"trio's internals: {module} imports {target}")
     if not bad:
         print("no circles, layers point one way")
     return 1 if bad else 0

@@ -17,7 +17,7 @@ import trio.testing
 from fakes import FakeNet, FakeServer, LineUpstream, make_pool, stdio
 
 from mcpool.pool import identity_of
-from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK, _clock_reader
+from mcpool.pool._upstream import DEADLINE_COMPACT_SLACK
 from mcpool.protocol import UPSTREAM_TIMEOUT, McpoolError, Message
 
 EPSILON = 1e-6  # virtual seconds either side of an exact MockClock deadline
@@ -172,15 +172,14 @@ async def test_limits_changing_both_ways_expire_each_request_at_its_own_deadline
     assert len(up.cancels()) == 6
 
 
-async def test_the_deadlines_are_read_from_the_runs_own_clock() -> None:
-    # trio's clock read in one call (offset + perf_counter): the same time as trio's.
-    now, offset = _clock_reader(trio.lowlevel.current_clock())
-    before = trio.current_time()
-    ours = now() + offset
-    after = trio.current_time()
-    assert before <= ours <= after
-    clock = trio.testing.MockClock()
-    assert _clock_reader(clock) == (clock.current_time, 0.0)
+async def test_the_deadlines_are_read_from_the_runs_own_clock(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The run's clock (public API: trio.lowlevel.current_clock()), a MockClock here.
+    up = WireUpstream()
+    assert up._read_clock() == autojump_clock.current_time
+    await trio.sleep(5.0)
+    assert up._read_clock()() == trio.current_time()
 
 
 async def test_the_pool_bounds_requests_by_the_entry_timeout_else_the_daemon_default(

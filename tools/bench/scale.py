@@ -243,10 +243,12 @@ def callers_main(sock: str, config: str, kept: int) -> None:
     print(json.dumps(samples), flush=True)
 
 
-def close_burst(total: int, kept: int = 10) -> dict[str, Any]:
+def close_burst(
+    total: int, kept: int = 10, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     fd, passes_path = tempfile.mkstemp(prefix="mcpool-loop-", suffix=".json")
     os.close(fd)
-    d = Daemon(servers(), python_args=[str(LOOPTIME), passes_path])
+    d = Daemon(servers(), python_args=[str(LOOPTIME), passes_path], extra_env=extra_env)
     leaving = [attach(d, f"s{i}") for i in range(total - kept)]
     callers = subprocess.Popen(
         [sys.executable, __file__, "--callers", d.sock, d.config, str(kept)],
@@ -477,6 +479,30 @@ def list_changed_side_by_side(baseline: str, repeat: int, callgrind: bool) -> di
     return out
 
 
+def close_burst_side_by_side(baseline: str, repeat: int, total: int) -> dict[str, Any]:
+    """The close burst for this tree and for revision `baseline`, alternating, `repeat` times
+    each: the calls' p99 while the others close, and the longest loop pass."""
+    from cpu import export_revision
+
+    envs = {baseline: {"PYTHONPATH": export_revision(baseline)}, "this tree": {}}
+    out: dict[str, Any] = {"baseline": baseline, "runs": {name: [] for name in envs}}
+    for _ in range(repeat):
+        for name, env in envs.items():
+            r = close_burst(total, extra_env=env)
+            out["runs"][name].append(r)
+            print(f"  {name}: p99 during {r['p99_during_ms']} ms "
+                  f"(before {r['p99_before_ms']}), longest pass "
+                  f"{r['longest_pass_cpu_ms']} ms CPU, burst {r['burst_s']} s")  # fmt: skip
+    out["p99_during_ms_median"] = {
+        name: median([r["p99_during_ms"] for r in runs if r["p99_during_ms"] is not None])
+        for name, runs in out["runs"].items()
+    }
+    out["longest_pass_cpu_ms_median"] = {
+        name: median([r["longest_pass_cpu_ms"] for r in runs]) for name, runs in out["runs"].items()
+    }
+    return out
+
+
 # The layer folders and where a wheel puts them (pyproject.toml's package-dir).
 LAYERS = {
     "src/mcpool": "mcpool",
@@ -656,7 +682,8 @@ def main() -> None:
     ap.add_argument(
         "--baseline",
         metavar="REV",
-        help="list_changed only: also run revision REV's daemon, alternating with this tree's",
+        help="list_changed and close_burst: also run revision REV's daemon, alternating with "
+        "this tree's",
     )
     ap.add_argument("--repeat", type=int, default=3, help="with --baseline: runs of each")
     ap.add_argument(
@@ -682,7 +709,11 @@ def main() -> None:
         results["bridge"] = bridge_start(60 if full else 10)
     if "attach_detach" in only:
         results["attach_detach"] = attach_detach([100, 1000, 3000] if full else [100, 300, 1000])
-    if "close_burst" in only:
+    if "close_burst" in only and args.baseline:
+        results["close_burst_side_by_side"] = close_burst_side_by_side(
+            args.baseline, args.repeat, 1000 if full else 300
+        )
+    elif "close_burst" in only:
         results["close_burst"] = close_burst(1000 if full else 300)
     if "sigterm" in only:
         results["sigterm"] = sigterm(3000 if full else 1000)
@@ -712,6 +743,18 @@ def main() -> None:
               f"{b['burst_daemon_cpu_ms']} ms, longest loop pass {b['longest_pass_cpu_ms']} ms "
               f"CPU ({b['longest_pass_wall_ms']} ms wall), {b['passes_over_half_ms']} passes "
               f"over 0.5 ms")  # fmt: skip
+    if "close_burst_side_by_side" in results:
+        cb = results["close_burst_side_by_side"]
+        runs = cb["runs"]
+        heads = [f"{n}: p99 during / longest pass, ms" for n in runs]
+        rows = [
+            [f"run {i + 1}"]
+            + [f"{r[i]['p99_during_ms']} / {r[i]['longest_pass_cpu_ms']}" for r in runs.values()]
+            for i in range(len(next(iter(runs.values()))))
+        ]
+        print(table(["close burst", *heads], rows))
+        print(f"medians: p99 during {cb['p99_during_ms_median']}, "
+              f"longest pass {cb['longest_pass_cpu_ms_median']}")  # fmt: skip
     if "sigterm" in results:
         t = results["sigterm"]
         print(f"SIGTERM with {t['sessions']} sessions: exit {t['exit_status']} after "
@@ -759,7 +802,7 @@ def main() -> None:
     if "idle" in results:
         print(f"idle daemon: {results['idle']['wakeups_per_s']} wake-ups/s")
     name = "scale" if only == set(PARTS) else "scale-" + "-".join(p for p in PARTS if p in only)
-    if "list_changed_side_by_side" in results:
+    if "list_changed_side_by_side" in results or "close_burst_side_by_side" in results:
         name += "-baseline"
     print(f"\nwrote {write_result(name, results)}")
 
