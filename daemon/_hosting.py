@@ -108,6 +108,8 @@ class SettingsHost(DaemonCore):
             backoff_max=o.backoff_max,
             request_timeout=o.request_timeout,
             startup_budget=o.startup_budget,
+            list_once_budget=o.list_once_budget,
+            list_once_clients=tuple(o.list_once_clients),
         )
 
     def desired_for(self, state: _SessionState) -> dict[str, Desired]:

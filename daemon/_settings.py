@@ -33,6 +33,9 @@ DEFAULT_MAX_LINE = 16 * 1024 * 1024
 MAX_SETTINGS_BYTES = 4 * 1024 * 1024
 
 
+_ClientNeedle = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
 class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
     """The `"daemon"` object of the user config file."""
 
@@ -57,6 +60,11 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # L6: seconds a session's first list waits for its servers' first start before it is served
     # what is ready (late ones follow by list_changed); Codex waits about 1 s for a server.
     startup_budget: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.5
+    # Issue 28: clients that list once and never again on list_changed (Codex, Qwen Code: known
+    # by clientInfo; `listOnceClients` names more, by a part of their clientInfo name) have
+    # their first list wait up to this for a server never seen up (under Codex's own 10 s).
+    list_once_budget: Annotated[float, msgspec.Meta(ge=0, le=600)] = 8.0
+    list_once_clients: Annotated[list[_ClientNeedle], msgspec.Meta(max_length=100)] = []
     # Start the user file's eager servers with the daemon (they drain as usual if unused).
     prewarm: bool = False
     # `mcpool daemon --http` (daemon/_http.py), read at each decision (a change applies to what

@@ -78,6 +78,7 @@ IN_FLIGHT_SLACK = 1.0
 # L6: a session's first list waits at most this for its servers' first start, then is served what
 # is ready (late servers arrive by list_changed). Codex gives up on a server after about 1 s.
 DEFAULT_STARTUP_BUDGET = 1.5
+DEFAULT_LIST_ONCE_BUDGET = 8.0  # issue 28: under Codex's own 10 s
 # Last discoveries of lazy servers kept in memory: one per identity a user ran recently.
 KNOWN_SNAPSHOTS = 256
 
@@ -94,6 +95,11 @@ class PoolOptions(msgspec.Struct, kw_only=True):
     # Bounds each request to an upstream whose entry sets no `timeout` of its own.
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     startup_budget: float = DEFAULT_STARTUP_BUDGET
+    # Issue 28: a list-once client's first list waits this long for a server never seen up;
+    # one not up within it is remembered slow (`known_slow`). `list_once_clients`: more such
+    # clients, by a part of their clientInfo name (session/_clients.py knows Codex and Qwen).
+    list_once_budget: float = DEFAULT_LIST_ONCE_BUDGET
+    list_once_clients: tuple[str, ...] = ()
 
 
 class RefreshRejected(McpoolError):
@@ -228,6 +234,8 @@ class Pool:
             self._start_from_store(entry)
             if entry.stored is None and self._snapshots is not None:
                 entry.known_slow = self._snapshots.slow(identity.fingerprint)
+            if entry.stored is None and not entry.known_slow:
+                self._nursery.start_soon(self._watch_first_start, entry)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
                 if known is not None and standby_basis(known) and not standby_basis(entry.snapshot):
@@ -262,6 +270,14 @@ class Pool:
             entry.move_deadline(math.inf)
             entry.fire(EntryEvent.LEASED)
         return handle
+
+    async def _watch_first_start(self, entry: PoolEntry) -> None:
+        """A server never seen up that is not up within the list-once budget is remembered
+        slow (whoever waited for it): no first list waits for it again until it has been up."""
+        with trio.move_on_after(self.options.list_once_budget):
+            await entry.ready.wait()
+        if entry.up_since is None and not entry.closing and entry.state not in TERMINAL_STATES:
+            self.note_not_up(entry)
 
     def note_not_up(self, entry: PoolEntry) -> None:
         """A session's first list went on without `entry` (its wait ran out): a server never

@@ -13,6 +13,8 @@ with the real client (tests/e2e/test_real_clients.py):
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -52,3 +54,32 @@ def traits_of(client_name: str | None) -> ClientTraits | None:
         if row.needle in lowered:
             return row
     return None
+
+
+def lists_once(client_name: str | None, more: Sequence[str] = ()) -> bool:
+    """Does this client see only its first list (no re-list on list_changed)? `more`: parts
+    of client names the daemon's `listOnceClients` adds."""
+    traits = traits_of(client_name)
+    if traits is not None and not traits.relists:
+        return True
+    lowered = (client_name or "").lower()
+    return any(needle.lower() in lowered for needle in more if needle)
+
+
+def first_list_wait(
+    *,
+    startup_deadline: float,
+    since: float,
+    list_once_budget: float,
+    lists_once: bool,
+    known_slow: bool,
+) -> float:
+    """Until when a session's first list waits for a server never seen up (trio time): the
+    entry's startup budget; for a client that lists once, up to `list_once_budget` from when
+    the session began waiting, since it will never see the server otherwise; not at all for a
+    server remembered slow (not up within that budget before, not seen up since)."""
+    if known_slow:
+        return -math.inf
+    if lists_once:
+        return max(startup_deadline, since + list_once_budget)
+    return startup_deadline

@@ -17,6 +17,7 @@ import trio
 from mcpool.pool import Handle
 from mcpool.protocol import META_SUBSCRIPTION_ID, Message, notification
 
+from ._clients import first_list_wait, lists_once
 from ._eras import MODERN, OPENERS
 from ._forwarding import SessionForwarding
 from ._names import name_budget
@@ -49,6 +50,11 @@ def _list_changed_lines(kinds: Collection[str]) -> tuple[bytes, int]:
     if kinds.__class__ is tuple:
         _LIST_CHANGED_LINES[kinds] = lines
     return lines
+
+
+def _lists_once(client_info: dict[str, object], more: Sequence[str]) -> bool:
+    name = client_info.get("name")
+    return lists_once(name if isinstance(name, str) else None, more)
 
 
 class SessionGenerations(SessionForwarding):
@@ -122,16 +128,41 @@ class SessionGenerations(SessionForwarding):
                 self._views_known = True
                 self._answer_initialize()
             # L6, S7: each new server is waited for within its entry's startup budget, never
-            # longer; one still starting is named in the log and arrives by list_changed.
-            for handle in waiting:
-                with trio.move_on_at(handle.entry.startup_deadline):
-                    await handle.entry.ready.wait()
+            # longer; one still starting is named in the log and arrives by list_changed. A
+            # client that lists once waits longer for a server never seen up (issue 28); that
+            # budget is decided once the first wait is over, when its clientInfo is known.
+            since = trio.current_time()
+            options = self.pool.options
+            for lists_once in (False, True):
+                if lists_once and not _lists_once(self.client_info, options.list_once_clients):
+                    break
+                for handle in waiting:
+                    entry = handle.entry
+                    deadline = first_list_wait(
+                        startup_deadline=entry.startup_deadline,
+                        since=since,
+                        list_once_budget=options.list_once_budget,
+                        lists_once=lists_once,
+                        known_slow=entry.known_slow,
+                    )
+                    with trio.move_on_at(deadline):
+                        await entry.ready.wait()
+            listed_once = _lists_once(self.client_info, options.list_once_clients)
             for handle in waiting:
                 if not handle.entry.ready.is_set() and not handle.released:
+                    was_slow = handle.entry.known_slow
+                    if listed_once:  # waited the whole list-once budget: remembered slow
+                        self.pool.note_not_up(handle.entry)
+                    why = (
+                        "not waited for: it was not up within the first-list budget before, "
+                        "and has not been up since"
+                        if was_slow
+                        else "still starting after the first list's wait"
+                    )
                     self._log(
-                        f"session {self.id}: server '{handle.identity.name}' is still starting "
-                        f"({handle.entry.state.value}) after the startup budget; served without "
-                        "it, its items follow by list_changed"
+                        f"session {self.id}: server '{handle.identity.name}' is {why} "
+                        f"({handle.entry.state.value}); served without it, its items follow "
+                        "by list_changed"
                     )
         finally:
             self._reconciling = False
