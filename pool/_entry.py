@@ -307,6 +307,7 @@ class PoolEntry:
         self.stderr_history: list[str] = []
         self.era: str | None = None  # the era the last connection found (P1: cached per entry)
         self.needs_login = False  # the last connection ended for want of an OAuth login
+        self.cannot_start = False  # ...for a reason no retry fixes (protocol CannotStart)
         # The record this entry's snapshot store holds for it (loaded or last saved).
         self.stored: StoredSnapshot | None = None
         # L6: how long a session's first list waits for this entry's first start (trio time).

@@ -43,6 +43,7 @@ from msgspec import UNSET, Raw, UnsetType
 from mcpool.protocol import (
     META_PROTOCOL_VERSION,
     MODERN_VERSION,
+    CannotStart,
     McpoolError,
     Message,
     UpstreamUnavailable,
@@ -94,7 +95,7 @@ def _httpx() -> Any:
     try:
         import httpx2
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise UpstreamUnavailable(
+        raise CannotStart(
             "http",
             "httpx2, a dependency of mcpool, is missing: reinstall mcpool",
         ) from exc

@@ -27,6 +27,7 @@ from msgspec import Raw, UnsetType
 from mcpool.protocol import (
     INVALID_PARAMS,
     SESSION_CLOSING,
+    CannotStart,
     McpoolError,
     Message,
     decode_params,
@@ -274,9 +275,10 @@ class Pool:
     async def _watch_first_start(self, entry: PoolEntry) -> None:
         """A server never seen up that is not up within the list-once budget is remembered
         slow (whoever waited for it): no first list waits for it again until it has been up."""
-        with trio.move_on_after(self.options.list_once_budget):
-            await entry.ready.wait()
-        if entry.up_since is None and not entry.closing and entry.state not in TERMINAL_STATES:
+        await trio.sleep(self.options.list_once_budget)
+        # Still in its first start: slow. One that failed (and is retried) is not slow, and a
+        # first list does not wait for it in any case (its `ready` is set).
+        if entry.up_since is None and not entry.closing and entry.state is EntryState.SPAWNING:
             self.note_not_up(entry)
 
     def note_not_up(self, entry: PoolEntry) -> None:
@@ -559,6 +561,12 @@ class Pool:
             # A remote server that is down is waited for (at the backoff cap); a local one that
             # keeps dying rests for the cooldown (or until a session attaches, a restart or a
             # settings change), and one that fails again after a retry goes straight back.
+            if entry.cannot_start:  # no retry fixes it: failed, with the reason, until closed
+                entry.fire(EntryEvent.GIVE_UP)
+                while not entry.closing:  # (closing sets it; a restart of a failed one does not)
+                    await entry.restart_requested.wait()
+                    entry.restart_requested = trio.Event()
+                return
             if entry.needs_login:  # retrying cannot help: the user's login restarts it
                 entry.fire(EntryEvent.NEEDS_LOGIN)
                 await entry.restart_requested.wait()
@@ -644,6 +652,7 @@ class Pool:
                 events.started(nursery)
         except Exception as exc:
             entry.needs_login = needs_login(upstream, exc)
+            entry.cannot_start = _contains(exc, CannotStart)
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:

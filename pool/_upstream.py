@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import fcntl
 import heapq
 import itertools
@@ -56,6 +57,7 @@ from mcpool.protocol import (
     UPSTREAM_CLOSED,
     UPSTREAM_TIMEOUT,
     UPSTREAM_UNAVAILABLE,
+    CannotStart,
     LineFramer,
     McpoolError,
     Message,
@@ -157,6 +159,9 @@ class _GroupRegistry(Protocol):
 
 # The n of each process's SPAWN_MARKER value: never the same twice in one daemon.
 _SPAWN_IDS = itertools.count(1)
+_CANNOT_EXEC = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC, errno.ELOOP, errno.EISDIR}
+)
 
 _result_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -1000,7 +1005,10 @@ class StdioUpstream(Upstream):
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in an argument
             for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
                 os.close(fd)
-            raise UpstreamUnavailable(
+            # Not there, not executable, not a program: no retry fixes that (the user does,
+            # and a settings change or a session attaching tries again).
+            permanent = isinstance(exc, ValueError) or exc.errno in _CANNOT_EXEC
+            raise (CannotStart if permanent else UpstreamUnavailable)(
                 self.name,
                 f"server '{self.name}' could not be started: "
                 f"{ident.redact(str(getattr(exc, 'strerror', None) or exc))}",

@@ -31,6 +31,7 @@ __all__ = [
     "UPSTREAM_CLOSED",
     "UPSTREAM_TIMEOUT",
     "UPSTREAM_UNAVAILABLE",
+    "CannotStart",
     "InvalidParams",
     "InvalidRequest",
     "LocalProtocolError",
@@ -197,6 +198,11 @@ class UpstreamError(McpoolError):
 class UpstreamUnavailable(UpstreamError):
     code = UPSTREAM_UNAVAILABLE
     default_message = "Upstream server unavailable"
+
+
+class CannotStart(UpstreamUnavailable):
+    """A server that cannot work for a reason no retry fixes (its command is not there or not
+    executable, a dependency is missing): its entry is `failed` with the reason, not retried."""
 
 
 class UpstreamClosed(UpstreamError):
