@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 import trio
-from msgspec import Raw, UnsetType
+from msgspec import UNSET, Raw, UnsetType
 
 from mcpool.protocol import (
     INVALID_PARAMS,
@@ -34,6 +34,7 @@ from mcpool.protocol import (
 )
 
 from ._entry import (
+    LOGIN_NEEDED,
     TERMINAL_STATES,
     EntryEvent,
     EntryKey,
@@ -235,8 +236,6 @@ class Pool:
             self._start_from_store(entry)
             if entry.stored is None and self._snapshots is not None:
                 entry.known_slow = self._snapshots.slow(identity.fingerprint)
-            if entry.stored is None and not entry.known_slow:
-                self._nursery.start_soon(self._watch_first_start, entry)
             if entry.settings.start == "lazy":
                 known = self.last_snapshot(entry)
                 if known is not None and standby_basis(known) and not standby_basis(entry.snapshot):
@@ -487,6 +486,9 @@ class Pool:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_timer, entry)
+                if entry.stored is None and not entry.known_slow:
+                    # Within the entry's own nursery: it ends with the entry, holding nothing.
+                    nursery.start_soon(self._watch_first_start, entry)
                 await self._connection_loop(entry)
                 nursery.cancel_scope.cancel()
         finally:
@@ -569,6 +571,8 @@ class Pool:
                 return
             if entry.needs_login:  # retrying cannot help: the user's login restarts it
                 entry.fire(EntryEvent.NEEDS_LOGIN)
+                for handle in list(entry.handles.values()):  # their sessions tell their clients
+                    handle.listener.upstream_notification(entry, LOGIN_NEEDED, UNSET)
                 await entry.restart_requested.wait()
             elif entry.identity.kind == "stdio" and (
                 entry.crash_looped

@@ -133,6 +133,9 @@ class SessionGenerations(SessionForwarding):
             # budget is decided once the first wait is over, when its clientInfo is known.
             since = trio.current_time()
             options = self.pool.options
+            # Whether each was remembered slow before this wait: the pool's own watch may mark
+            # it slow while we wait (its budget began at the entry's creation, before ours).
+            slow_before = [handle.entry.known_slow for handle in waiting]
             for lists_once in (False, True):
                 if lists_once and not _lists_once(self.client_info, options.list_once_clients):
                     break
@@ -148,9 +151,8 @@ class SessionGenerations(SessionForwarding):
                     with trio.move_on_at(deadline):
                         await entry.ready.wait()
             listed_once = _lists_once(self.client_info, options.list_once_clients)
-            for handle in waiting:
+            for handle, was_slow in zip(waiting, slow_before, strict=True):
                 if not handle.entry.ready.is_set() and not handle.released:
-                    was_slow = handle.entry.known_slow
                     if listed_once:  # waited the whole list-once budget: remembered slow
                         self.pool.note_not_up(handle.entry)
                     why = (

@@ -85,7 +85,8 @@ async def test_a_server_not_up_in_time_is_not_waited_for_on_the_next_run(
 
     # The next run, with the first one's cache: the server is not waited for, and it says so.
     second = await daemon_factory(daemon=options, env={"XDG_CACHE_HOME": cache})
-    settings = write_settings(second.root / "h.json", hung)
+    # (the same file: a server's working folder defaults to its settings file's, and is part
+    # of what it is)
     async with second.raw() as client:
         await attach_raw(client, second, settings, "codex")
         with trio.fail_after(FIRST_LIST_BOUND):
