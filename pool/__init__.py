@@ -1,6 +1,7 @@
 """mcpool.pool: upstream servers keyed by transport identity, shared between sessions."""
 
 from ._entry import (
+    LOGIN_NEEDED,
     TERMINAL_STATES,
     EntryEvent,
     EntryKey,
@@ -45,6 +46,7 @@ from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
+    "LOGIN_NEEDED",
     "READ_CHUNK",
     "READ_GONE",
     "SNAPSHOT_FORMAT",

@@ -162,6 +162,11 @@ class Snapshot(msgspec.Struct, frozen=True):
     notes: tuple[str, ...] = ()
 
 
+# What a handle's listener is told, as an upstream notification of this (mcpool's own) method,
+# when its entry needs the user's OAuth login: the session tells its client (issue 28).
+LOGIN_NEEDED = "mcpool/needs-login"
+
+
 class EntryListener(Protocol):
     """The opaque view callback a handle carries (the pool knows nothing else of sessions)."""
 

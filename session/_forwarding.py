@@ -16,7 +16,7 @@ from typing import Any
 import trio
 from msgspec import UNSET, Raw, UnsetType
 
-from mcpool.pool import Upstream
+from mcpool.pool import LOGIN_NEEDED, EntryState, Upstream
 from mcpool.protocol import (
     INVALID_REQUEST,
     META_SUBSCRIPTION_ID,
@@ -81,6 +81,13 @@ class _Resume:
         self.session._resume(self, error)
 
 
+def login_needed_text(server: str) -> str:
+    return (
+        f"server '{server}' needs you to log in before its tools can be listed or called: "
+        f"run `daemonctl login {server}`"
+    )
+
+
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
@@ -122,7 +129,9 @@ class SessionForwarding(SessionCore):
                 return
             raise UpstreamUnavailable(
                 view.name,
-                f"server '{view.name}' is not available ({entry.state.value})",
+                login_needed_text(view.name)
+                if entry.state is EntryState.NEEDS_LOGIN
+                else f"server '{view.name}' is not available ({entry.state.value})",
                 state=entry.state.value,
                 lastError=entry.last_error,
             )
@@ -358,6 +367,10 @@ class SessionForwarding(SessionCore):
     def _upstream_notification(
         self, view: SessionView, method: str, params: Raw | UnsetType
     ) -> None:
+        if method == LOGIN_NEEDED:
+            if self.initialized:  # else the client's initialized notification has it told
+                self.tell_login_needed(view.name)
+            return
         if method == "notifications/cancelled":
             # The upstream gave up on a request it sent this client: pass that on (P5).
             c = _params.cancelled(params)
@@ -406,6 +419,22 @@ class SessionForwarding(SessionCore):
                 if uri in listen.uris:
                     stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
                     self.send(without_own_meta(notification(method, stamped)))
+
+    def tell_login_needed(self, server: str) -> None:
+        """A warning to the client (a log message, as the level it asked for allows) that
+        `server` waits for the user's `daemonctl login` (issue 28)."""
+        if self.era is MODERN and self.log_level is None:
+            return  # 2026-07-28: no log messages unless a request asked for a level
+        if self.log_level is not None and LOG_LEVELS.index("warning") < LOG_LEVELS.index(
+            self.log_level
+        ):
+            return
+        self.send(
+            notification(
+                "notifications/message",
+                {"level": "warning", "logger": "mcpool", "data": login_needed_text(server)},
+            )
+        )
 
     def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from mcpool import __version__
+from mcpool.pool import EntryState
 from mcpool.protocol import (
     INVALID_REQUEST,
     META_SUBSCRIPTION_ID,
@@ -53,7 +54,7 @@ from ._eras import (
     strip_envelope,
 )
 from ._flight import _encoder, _InFlight, _Listen, request_id
-from ._forwarding import LOG_LEVELS
+from ._forwarding import LOG_LEVELS, login_needed_text
 from ._generations import SessionGenerations
 
 SERVER_CAPABILITIES: dict[str, Any] = {
@@ -290,6 +291,12 @@ class SessionRequests(SessionGenerations):
             # Out of order (before our initialize result) is ignored, per the handshake rules.
             if self.initialize_answered:
                 self.initialized = True
+                # What was said before the handshake is not said then: a server waiting for
+                # the user's login is told now.
+                for view in self.views.values():
+                    entry = view.handle.entry if view.handle is not None else None
+                    if entry is not None and entry.state is EntryState.NEEDS_LOGIN:
+                        self.tell_login_needed(view.name)
         elif method == "notifications/cancelled":
             c = _params.cancelled(params)
             rid = c.requestId
@@ -473,6 +480,19 @@ class SessionRequests(SessionGenerations):
     def _templates_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
         self._list(msg, t, "resource_templates", "resourceTemplates")
 
+    def _unknown_tool_text(self, name: str) -> str:
+        # A server that waits for the user's login has listed nothing yet: a call of a name in
+        # its prefix says what to do rather than only that the name is unknown.
+        for view in self.views.values():
+            entry = view.handle.entry if view.handle is not None else None
+            if (
+                name.startswith(f"{view.name}__")
+                and entry is not None
+                and entry.state is EntryState.NEEDS_LOGIN
+            ):
+                return f"Unknown tool: {name}: {login_needed_text(view.name)}"
+        return f"Unknown tool: {name} (no server of this session exposes it)"
+
     def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
         gen = self.registry
         name = t.name
@@ -486,7 +506,7 @@ class SessionRequests(SessionGenerations):
                     "content": [
                         {
                             "type": "text",
-                            "text": f"Unknown tool: {name} (no server of this session exposes it)",
+                            "text": self._unknown_tool_text(name),
                         }
                     ],
                     "isError": True,
