@@ -40,8 +40,8 @@ CLIENTS: tuple[ClientTraits, ...] = (
     ClientTraits("copilot-cli", "mcpool-", 64, relists=True, tool_search=False),
     # opencode: the model API's 64 (it cuts nothing).
     ClientTraits("opencode", "mcpool_", 64, relists=True, tool_search=False),
-    # Cline CLI (@cline/core) re-cuts names over 64.
-    ClientTraits("@cline/", "mcpool__", 64, relists=True, tool_search=False),
+    # Cline CLI (@cline/core) re-cuts names over 64; lists once (3.0.65 ignored list_changed).
+    ClientTraits("@cline/", "mcpool__", 64, relists=False, tool_search=False),
 )
 
 
