@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import trio
 
-from mcpool.session._observe import Outcome, SessionFacts
+from mcpool.session._observe import CallDone
 
 from ._log import JsonLinesLog
 
@@ -66,38 +66,26 @@ class AuditLog:
         # trio's clock reading and the wall clock at one moment: records carry wall time.
         self._offset: float | None = None
 
-    def call_done(
-        self,
-        session: SessionFacts,
-        server: str,
-        method: str,
-        name: str,
-        started: float,
-        ended: float,
-        outcome: Outcome,
-        code: int | None,
-        bytes_in: int,
-        bytes_out: int,
-    ) -> None:
+    def call_done(self, call: CallDone) -> None:
         if self.path is None:
             return
         if self._offset is None:
             self._offset = time.time() - trio.current_time()
         line = _encoder.encode(
             AuditLine(
-                ts=round(started + self._offset, 3),
-                session=session.id,
-                client=session.client_name,
-                client_version=session.client_version,
-                folder=session.folder,
-                server=server,
-                method=method,
-                name=name,
-                duration_ms=round((ended - started) * 1000.0, 3),
-                outcome=outcome.value,
-                bytes_in=bytes_in,
-                bytes_out=bytes_out,
-                code=code,
+                ts=round(call.started + self._offset, 3),
+                session=call.session.id,
+                client=call.session.client_name,
+                client_version=call.session.client_version,
+                folder=call.session.folder,
+                server=call.server,
+                method=call.method,
+                name=call.name,
+                duration_ms=round((call.ended - call.started) * 1000.0, 3),
+                outcome=call.outcome.value,
+                bytes_in=call.bytes_in,
+                bytes_out=call.bytes_out,
+                code=call.code,
             )
         )
         if self._pending_bytes + len(line) > MAX_PENDING_BYTES:

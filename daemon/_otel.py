@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from mcpool.session._observe import Outcome, SessionFacts
+from mcpool.session._observe import CallDone, Outcome
 
 ENDPOINT_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -55,50 +55,38 @@ class OtelObserver:
         self._error = Status(StatusCode.ERROR)
         self._offset: float | None = None
 
-    def call_done(
-        self,
-        session: SessionFacts,
-        server: str,
-        method: str,
-        name: str,
-        started: float,
-        ended: float,
-        outcome: Outcome,
-        code: int | None,
-        bytes_in: int,
-        bytes_out: int,
-    ) -> None:
+    def call_done(self, call: CallDone) -> None:
         if self._offset is None:
             self._offset = time.time() - trio.current_time()
         attributes: dict[str, Any] = {
-            "mcp.method.name": method,
-            "mcp.session.id": session.id,
-            "mcpool.server": server,
+            "mcp.method.name": call.method,
+            "mcp.session.id": call.session.id,
+            "mcpool.server": call.server,
         }
         target = ""
-        if method == "tools/call":
-            attributes["gen_ai.tool.name"] = target = name
-        elif method == "prompts/get":
-            attributes["gen_ai.prompt.name"] = target = name
-        elif method.startswith("resources/") and name:
-            attributes["mcp.resource.uri"] = name
-        if outcome is Outcome.TOOL_ERROR:
+        if call.method == "tools/call":
+            attributes["gen_ai.tool.name"] = target = call.name
+        elif call.method == "prompts/get":
+            attributes["gen_ai.prompt.name"] = target = call.name
+        elif call.method.startswith("resources/") and call.name:
+            attributes["mcp.resource.uri"] = call.name
+        if call.outcome is Outcome.TOOL_ERROR:
             attributes["error.type"] = "tool_error"
-        elif outcome is Outcome.ERROR:
-            attributes["error.type"] = str(code) if code is not None else "error"
+        elif call.outcome is Outcome.ERROR:
+            attributes["error.type"] = str(call.code) if call.code is not None else "error"
         span = self._tracer.start_span(
-            f"{method} {target}" if target else method,
+            f"{call.method} {target}" if target else call.method,
             kind=self._kind,
-            start_time=int((started + self._offset) * 1e9),
+            start_time=int((call.started + self._offset) * 1e9),
             attributes=attributes,
         )
-        if outcome is not Outcome.RESULT:
+        if call.outcome is not Outcome.RESULT:
             span.set_status(self._error)
-        span.end(end_time=int((ended + self._offset) * 1e9))
+        span.end(end_time=int((call.ended + self._offset) * 1e9))
         metric = {k: v for k, v in attributes.items() if k != "mcp.session.id"}
-        self._duration.record(ended - started, metric)
-        self._bytes.add(bytes_in, {**metric, "direction": "in"})
-        self._bytes.add(bytes_out, {**metric, "direction": "out"})
+        self._duration.record(call.ended - call.started, metric)
+        self._bytes.add(call.bytes_in, {**metric, "direction": "in"})
+        self._bytes.add(call.bytes_out, {**metric, "direction": "out"})
 
     def flush(self) -> None:
         """Export what waits (blocking: from a thread)."""

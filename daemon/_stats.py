@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpool.session._observe import Outcome, SessionFacts
+from mcpool.session._observe import CallDone, Outcome
 
 # Buckets per doubling of a duration: 2^(1/16) is 4.4 % wide.
 BUCKETS_PER_DOUBLING = 16
@@ -88,26 +88,14 @@ class Stats:
         self.sessions: dict[str, int] = {}
         self.tools_not_kept = 0  # calls of tools past max_tools (in their server's counters)
 
-    def call_done(
-        self,
-        session: SessionFacts,
-        server: str,
-        method: str,
-        name: str,
-        started: float,
-        ended: float,
-        outcome: Outcome,
-        code: int | None,
-        bytes_in: int,
-        bytes_out: int,
-    ) -> None:
-        duration_ms = (ended - started) * 1000.0
-        failed = outcome is not Outcome.RESULT
-        counters = self.servers.get(server)
+    def call_done(self, call: CallDone) -> None:
+        duration_ms = (call.ended - call.started) * 1000.0
+        failed = call.outcome is not Outcome.RESULT
+        counters = self.servers.get(call.server)
         if counters is None:
-            counters = self.servers[server] = Counters()
-        counters.add(duration_ms, failed, bytes_in, bytes_out)
-        key = (server, method, name)
+            counters = self.servers[call.server] = Counters()
+        counters.add(duration_ms, failed, call.bytes_in, call.bytes_out)
+        key = (call.server, call.method, call.name)
         tool = self.tools.get(key)
         if tool is None:
             if len(self.tools) >= self.max_tools:
@@ -115,8 +103,8 @@ class Stats:
             else:
                 tool = self.tools[key] = Counters()
         if tool is not None:
-            tool.add(duration_ms, failed, bytes_in, bytes_out)
-        sid = session.id
+            tool.add(duration_ms, failed, call.bytes_in, call.bytes_out)
+        sid = call.session.id
         self.sessions[sid] = self.sessions.get(sid, 0) + 1
 
     def session_closed(self, session_id: str) -> None:

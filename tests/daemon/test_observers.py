@@ -15,7 +15,7 @@ import trio.testing
 from mcpool.daemon import _audit
 from mcpool.daemon._audit import AuditLog, read_audit
 from mcpool.daemon._stats import Stats, bucket_of, bucket_top, percentiles
-from mcpool.session._observe import Outcome
+from mcpool.session._observe import CallDone, Outcome
 
 
 @dataclass
@@ -47,10 +47,18 @@ def test_percentiles_of_a_known_spread() -> None:
 def test_stats_count_by_server_tool_and_session() -> None:
     stats = Stats(max_tools=2)
     s1, s2 = Facts("s1"), Facts("s2")
-    stats.call_done(s1, "git", "tools/call", "log", 0.0, 0.010, Outcome.RESULT, None, 10, 100)
-    stats.call_done(s2, "git", "tools/call", "log", 0.0, 0.030, Outcome.TOOL_ERROR, None, 5, 50)
-    stats.call_done(s1, "fs", "resources/read", "file:///a", 0.0, 0.001, Outcome.ERROR, -1, 1, 2)
-    stats.call_done(s1, "fs", "tools/call", "past-the-cap", 0.0, 0.001, Outcome.RESULT, None, 1, 1)
+    stats.call_done(
+        CallDone(s1, "git", "tools/call", "log", 0.0, 0.010, Outcome.RESULT, None, 10, 100)
+    )
+    stats.call_done(
+        CallDone(s2, "git", "tools/call", "log", 0.0, 0.030, Outcome.TOOL_ERROR, None, 5, 50)
+    )
+    stats.call_done(
+        CallDone(s1, "fs", "resources/read", "file:///a", 0.0, 0.001, Outcome.ERROR, -1, 1, 2)
+    )
+    stats.call_done(
+        CallDone(s1, "fs", "tools/call", "past-the-cap", 0.0, 0.001, Outcome.RESULT, None, 1, 1)
+    )
     out = stats.as_json(in_flight={"git": 1})
     git = out["servers"]["git"]
     assert (git["calls"], git["errors"], git["bytes_in"], git["bytes_out"]) == (2, 1, 15, 150)
@@ -71,11 +79,15 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
     log = AuditLog(path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
-        log.call_done(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
+        log.call_done(
+            CallDone(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
+        )
         assert not path.exists()  # nothing written per call
         await trio.sleep(_audit.FLUSH_INTERVAL * 1.5)
         assert path.exists() and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        log.call_done(Facts("s2"), "fs", "prompts/get", "p", 2.0, 2.5, Outcome.ERROR, -32602, 1, 2)
+        log.call_done(
+            CallDone(Facts("s2"), "fs", "prompts/get", "p", 2.0, 2.5, Outcome.ERROR, -32602, 1, 2)
+        )
         nursery.cancel_scope.cancel()  # the end flushes what waits
     records = list(read_audit(path))
     assert [(r.session, r.server, r.method, r.name) for r in records] == [
@@ -98,7 +110,9 @@ async def test_what_waits_is_bounded_and_the_drop_is_said(
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)
     for n in range(100):
-        log.call_done(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
+        log.call_done(
+            CallDone(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
+        )
     assert log.dropped > 0
     dropped = log.dropped
     log.flush()
@@ -111,7 +125,9 @@ async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path, max_bytes=400)
     for n in range(12):
-        log.call_done(Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1)
+        log.call_done(
+            CallDone(Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1)
+        )
         log.flush()
     assert (tmp_path / "audit.jsonl.1").exists()
     names = [r.name for r in read_audit(path)]

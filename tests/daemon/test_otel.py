@@ -9,7 +9,7 @@ import trio
 from otlp_receiver import otlp_receiver
 
 from mcpool.daemon import _otel
-from mcpool.session._observe import Outcome
+from mcpool.session._observe import CallDone, Outcome
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 
@@ -36,13 +36,26 @@ async def test_spans_follow_the_mcp_conventions_and_metrics_arrive(
         observer = _otel.start("0.1.0")
         t = trio.current_time()
         observer.call_done(
-            Facts(), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20
+            CallDone(Facts(), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20)
         )
         observer.call_done(
-            Facts(), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
+            CallDone(
+                Facts(), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
+            )
         )
         observer.call_done(
-            Facts(), "fs", "resources/read", "file:///a", t, t + 0.1, Outcome.ERROR, -32002, 1, 2
+            CallDone(
+                Facts(),
+                "fs",
+                "resources/read",
+                "file:///a",
+                t,
+                t + 0.1,
+                Outcome.ERROR,
+                -32002,
+                1,
+                2,
+            )
         )
         with trio.fail_after(10):
             await trio.to_thread.run_sync(observer.flush)
