@@ -450,3 +450,19 @@ class LineUpstream(Upstream):
 
     def answer(self, uid: int) -> None:
         self._dispatch(b'{"jsonrpc":"2.0","id":%d,"result":{}}' % uid)
+
+
+class SessionFactsStub:
+    """The session facts an observer reads (session/_observe.py SessionFacts)."""
+
+    def __init__(
+        self,
+        id: str = "s1",
+        client_name: str = "codex-mcp-client",
+        client_version: str = "0.171.0",
+        folder: str = "/home/u/project",
+    ) -> None:
+        self.id = id
+        self.client_name = client_name
+        self.client_version = client_version
+        self.folder = folder

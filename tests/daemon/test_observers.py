@@ -5,25 +5,17 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+from fakes import SessionFactsStub as Facts
 
 from mcpool.daemon import _audit
 from mcpool.daemon._audit import AuditLog, read_audit
 from mcpool.daemon._stats import Stats, bucket_of, bucket_top, percentiles
 from mcpool.session._observe import CallDone, Outcome
-
-
-@dataclass
-class Facts:
-    id: str = "s1"
-    client_name: str = "codex-mcp-client"
-    client_version: str = "0.171.0"
-    folder: str = "/home/u/project"
 
 
 def test_a_duration_is_read_back_within_its_bucket() -> None:

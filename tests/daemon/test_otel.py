@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import trio
+from fakes import SessionFactsStub as Facts
 from otlp_receiver import otlp_receiver
 
 from mcpool.daemon import _otel
 from mcpool.session._observe import CallDone, Outcome
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
-
-
-@dataclass
-class Facts:
-    id: str = "s7"
-    client_name: str = "codex-mcp-client"
-    client_version: str = "1"
-    folder: str = "/p"
 
 
 def test_only_an_endpoint_turns_it_on() -> None:
@@ -36,16 +27,18 @@ async def test_spans_follow_the_mcp_conventions_and_metrics_arrive(
         observer = _otel.start("0.1.0")
         t = trio.current_time()
         observer.call_done(
-            CallDone(Facts(), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20)
-        )
-        observer.call_done(
             CallDone(
-                Facts(), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
+                Facts("s7"), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20
             )
         )
         observer.call_done(
             CallDone(
-                Facts(),
+                Facts("s7"), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
+            )
+        )
+        observer.call_done(
+            CallDone(
+                Facts("s7"),
                 "fs",
                 "resources/read",
                 "file:///a",
