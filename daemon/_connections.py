@@ -565,6 +565,7 @@ class ConnectionServer(AdminApi):
             log=lambda text, level="warning": self.log(level, text),
             attached_at=time.time(),
             log_enabled=self.journal.enabled,
+            logins=self.logins,
         )
         session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
         state = _SessionState(session, sources, via, env)

@@ -33,6 +33,7 @@ from mcpool.pool import identity_of
 from mcpool.pool._oauth import LOGIN_TIMEOUT, Broker, OAuthError, install, login_failure
 from mcpool.pool._tokens import TokenStore
 from mcpool.protocol import INVALID_PARAMS, McpoolError
+from mcpool.session._login_notice import LoginStarted
 
 from . import _paths
 from ._settings import settings_base_dir
@@ -66,6 +67,19 @@ class _Running:
         self.url = url
         self.start_url = start_url
         self.has_url.set()
+
+
+class _SessionLogin:
+    """A login started for a session (`Logins.start`)."""
+
+    def __init__(self, url: str, running: _Running) -> None:
+        self.url = url
+        self._running = running
+
+    async def finished(self) -> bool:
+        with trio.move_on_after(LOGIN_TIMEOUT + WAIT_SLACK / 2):
+            await self._running.done.wait()
+        return self._running.result is not None and self._running.error is None
 
 
 class Logins:
@@ -161,6 +175,16 @@ class Logins:
             "open": running.start_url,
             "done": running.done.is_set(),
         }
+
+    async def start(self, server: str) -> LoginStarted:
+        """A login for a session's client (session/_login_notice.py LoginDesk): started as
+        `daemonctl login` starts one (or the one running joined), its loopback start page
+        the client's to open."""
+        answer = await self.login(server)
+        running = self._running[Broker.key_of(self.identity(server)) or ""]
+        if answer["open"] is None:  # authorized meanwhile: nothing to open
+            raise OAuthError(server, "authorization", "the server is authorized already")
+        return _SessionLogin(str(answer["open"]), running)
 
     async def _login(self, running: _Running) -> None:
         try:

@@ -33,6 +33,7 @@ from mcpool.protocol import (
 from ._eras import MODERN, Batch, modern_result
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
 from ._input import is_ours
+from ._login_notice import LoginDesk
 from ._registry import RegistryGeneration, Route, empty_generation
 from ._view import SessionView
 
@@ -60,6 +61,7 @@ class SessionCore:
         "_holding",
         "_log",
         "_log_enabled",
+        "_login_told",
         "_notify_wake",
         "_notifying",
         "_parked",
@@ -81,6 +83,7 @@ class SessionCore:
         "last_error",
         "listens",
         "log_level",
+        "logins",
         "lossy_dropped",
         "name",
         "name_budget",
@@ -154,6 +157,9 @@ class SessionCore:
     _parked: dict[Any, _Resume]
     _holding: list[_InFlight]
     _hold_timer: bool
+    logins: LoginDesk | None
+    # Servers told to need a login (issue 28) -> whether the elicitation for it failed.
+    _login_told: dict[str, bool]
 
     def release_all(self) -> None:
         for view in self.views.values():

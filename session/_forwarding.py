@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import trio
 from msgspec import UNSET, Raw, UnsetType
 
@@ -46,6 +47,16 @@ from ._input import (
     StateRejected,
     is_ours,
     subject_of,
+)
+from ._login_notice import (
+    ANSWER_TIMEOUT,
+    LoginDesk,
+    LoginNotice,
+    accepted,
+    elicitation_params,
+    login_needed_text,
+    login_notice,
+    may_log,
 )
 from ._view import SessionView
 
@@ -81,11 +92,26 @@ class _Resume:
         self.session._resume(self, error)
 
 
-def login_needed_text(server: str) -> str:
-    return (
-        f"server '{server}' needs you to log in before its tools can be listed or called: "
-        f"run `daemonctl login {server}`"
-    )
+class _ClientAnswer:
+    """The client's answer to a request mcpool itself sent it (the login elicitation), in the
+    place a relayed request's upstream takes (`respond_raw`/`respond_error`)."""
+
+    __slots__ = ("done", "result")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+
+    def respond_raw(self, key: Any, result: Raw | UnsetType, error: Raw | UnsetType) -> None:
+        if result is not UNSET:
+            try:
+                self.result = msgspec.json.decode(result)
+            except msgspec.DecodeError:
+                self.result = None
+        self.done.set()
+
+    def respond_error(self, key: Any, code: int, message: str, data: Any = UNSET) -> None:
+        self.done.set()
 
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -421,20 +447,70 @@ class SessionForwarding(SessionCore):
                     self.send(without_own_meta(notification(method, stamped)))
 
     def tell_login_needed(self, server: str) -> None:
-        """A warning to the client (a log message, as the level it asked for allows) that
-        `server` waits for the user's `daemonctl login` (issue 28)."""
-        if self.era is MODERN and self.log_level is None:
-            return  # 2026-07-28: no log messages unless a request asked for a level
-        if self.log_level is not None and LOG_LEVELS.index("warning") < LOG_LEVELS.index(
-            self.log_level
-        ):
+        """Tell the client that `server` waits for the user's login (issue 28): an elicitation
+        of the login's start page where the client takes one (session/_login_notice.py), else
+        a warning log message; once per session."""
+        failed = self._login_told.get(server)
+        notice = login_notice(
+            modern=self.era is MODERN,
+            capabilities=self.client_capabilities,
+            log_level=self.log_level,
+            told=failed is not None,
+            elicitation_failed=bool(failed),
+        )
+        logins, spawn = self.logins, self.spawn
+        if notice is LoginNotice.ELICIT_URL and logins is not None and spawn is not None:
+            self._login_told[server] = False
+            spawn(lambda: self._elicit_login(logins, server))
             return
+        if notice is LoginNotice.ELICIT_URL:  # nobody here to start a login: the warning
+            modern = self.era is MODERN
+            notice = LoginNotice.LOG if may_log(modern=modern, log_level=self.log_level) else notice
+        if notice is LoginNotice.LOG:
+            self._login_told[server] = False
+            self.send(
+                notification(
+                    "notifications/message",
+                    {"level": "warning", "logger": "mcpool", "data": login_needed_text(server)},
+                )
+            )
+
+    async def _elicit_login(self, logins: LoginDesk, server: str) -> None:
+        """Start `server`'s login, ask the client to open its page, and say when it is done;
+        a login that cannot start, a declined page or no answer falls back to the warning."""
+        try:
+            started = await logins.start(server)
+        except McpoolError as exc:
+            self._log(f"session {self.id}: login of server '{server}' did not start: {exc.reason}")
+            self._login_failed(server)
+            return
+        answer = _ClientAnswer()
+        downstream_id = f"mcpool-{next(self._relay_ids)}"
+        elicitation_id = f"mcpool-login-{downstream_id}"
+        self.relayed[downstream_id] = _Relayed(answer, None, None)  # type: ignore[arg-type]
+        params = elicitation_params(server, started.url, elicitation_id)
         self.send(
-            notification(
-                "notifications/message",
-                {"level": "warning", "logger": "mcpool", "data": login_needed_text(server)},
+            encode(
+                Request("2.0", downstream_id, "elicitation/create", Raw(_encoder.encode(params)))
             )
         )
+        with trio.move_on_after(ANSWER_TIMEOUT):
+            await answer.done.wait()
+        self.relayed.pop(downstream_id, None)
+        if not accepted(answer.result):
+            self._login_failed(server)
+            return
+        if await started.finished() and not self.closed:
+            del self._login_told[server]  # a later need of a login is told again
+            self.send(
+                notification(
+                    "notifications/elicitation/complete", {"elicitationId": elicitation_id}
+                )
+            )
+
+    def _login_failed(self, server: str) -> None:
+        self._login_told[server] = True
+        self.tell_login_needed(server)
 
     def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
         """P5: relay an upstream's request to this client; None when sent, else why not."""

@@ -12,9 +12,35 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
+# How long a session waits for its client's answer to the login elicitation, and then for the
+# login itself (the user is in the browser): the OAuth flow's own bound, pool/_oauth.py.
+ANSWER_TIMEOUT = 300.0
+
+
+class LoginStarted(Protocol):
+    """A login the daemon started for a session's client."""
+
+    @property
+    def url(self) -> str:
+        """The page that starts it: the login's loopback listener, which redirects only the
+        user's own uid to the authorization URL (the URL itself never leaves the daemon)."""
+        ...
+
+    async def finished(self) -> bool:
+        """Once the login is over (bounded): whether the server is now authorized."""
+        ...
+
+
+class LoginDesk(Protocol):
+    """What a session is given to start a server's login for its client (the daemon's
+    `Logins`); raises `McpoolError` naming the server and the step when it cannot."""
+
+    async def start(self, server: str) -> LoginStarted: ...
 
 
 class LoginNotice(enum.Enum):
@@ -35,6 +61,20 @@ def elicitation_text(server: str) -> str:
         f"Server '{server}' needs you to log in (OAuth) before its tools can be used. Open the "
         "page to log in in your browser; its tools follow once you have."
     )
+
+
+def elicitation_params(server: str, url: str, elicitation_id: str) -> dict[str, Any]:
+    return {
+        "mode": "url",
+        "message": elicitation_text(server),
+        "url": url,
+        "elicitationId": elicitation_id,
+    }
+
+
+def accepted(result: Any) -> bool:
+    """A client's answer to the elicitation: did the user agree to open the page?"""
+    return isinstance(result, dict) and result.get("action") == "accept"
 
 
 def takes_url_elicitation(capabilities: Mapping[str, Any]) -> bool:

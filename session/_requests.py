@@ -54,8 +54,9 @@ from ._eras import (
     strip_envelope,
 )
 from ._flight import _encoder, _InFlight, _Listen, request_id
-from ._forwarding import LOG_LEVELS, login_needed_text
+from ._forwarding import LOG_LEVELS
 from ._generations import SessionGenerations
+from ._login_notice import login_needed_text
 
 SERVER_CAPABILITIES: dict[str, Any] = {
     "tools": {"listChanged": True},

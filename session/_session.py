@@ -67,6 +67,7 @@ from ._core import _NO_PARKED
 from ._eras import Batch
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _no_log, _Relayed
 from ._forwarding import _Resume
+from ._login_notice import LoginDesk
 from ._names import MAX_NAME
 from ._registry import RegistryGeneration, empty_generation
 from ._requests import SessionRequests
@@ -105,6 +106,7 @@ class Session(SessionRequests):
         log: SessionLog | None = None,
         attached_at: float = 0.0,
         log_enabled: Callable[[str], bool] | None = None,
+        logins: LoginDesk | None = None,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -172,3 +174,7 @@ class Session(SessionRequests):
         # whether the task that ends those whose retry never comes is running.
         self._holding: list[_InFlight] = []
         self._hold_timer = False
+        # Where a login-needing server's login is started for the client (issue 28), if the
+        # daemon gives one: the client that declared URL elicitation is asked to open it.
+        self.logins: LoginDesk | None = logins
+        self._login_told: dict[str, bool] = {}

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import psutil
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.session import LoggingFnT, MessageHandlerFnT
+from mcp.client.session import ElicitationFnT, LoggingFnT, MessageHandlerFnT
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_UPSTREAM = REPO / "tools" / "fake_upstream.py"
@@ -134,6 +134,7 @@ async def attached_session(
     cwd: Path | str | None = None,
     message_handler: MessageHandlerFnT | None = None,
     logging_callback: LoggingFnT | None = None,
+    elicitation_callback: ElicitationFnT | None = None,
     errlog: TextIO = sys.stderr,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
@@ -149,7 +150,11 @@ async def attached_session(
     async with (
         stdio_client(params, errlog=errlog) as (read, write),
         ClientSession(
-            read, write, message_handler=message_handler, logging_callback=logging_callback
+            read,
+            write,
+            message_handler=message_handler,
+            logging_callback=logging_callback,
+            elicitation_callback=elicitation_callback,
         ) as session,
     ):
         with trio.fail_after(ATTACH_TIMEOUT):
