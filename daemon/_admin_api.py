@@ -211,6 +211,8 @@ class AdminApi(SettingsHost):
             # not move with allocator arenas, so it shows a leak that RSS would hide in noise.
             "heap": {"blocks": sys.getallocatedblocks(), "objects": len(gc.get_objects())},
             "pooling": self.options.pool,
+            # What the daemon's own caches hold (issue 27 item 5).
+            "caches": {"cursors": self.cursors.statistics()},
             "options": msgspec.to_builtins(self.options),
             # One row per rejected server part (S3, S8), gone once a candidate no longer has it.
             "registry_errors": [

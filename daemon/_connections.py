@@ -566,6 +566,7 @@ class ConnectionServer(AdminApi):
             attached_at=time.time(),
             log_enabled=self.journal.enabled,
             logins=self.logins,
+            cursors=self.cursors,
         )
         session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
         state = _SessionState(session, sources, via, env)

@@ -32,6 +32,7 @@ from mcpool.protocol import (
 from mcpool.session import (
     Session,
 )
+from mcpool.session._cursors import CursorBook
 
 from . import _admin
 from ._listener import FdReserve, ListenSocket
@@ -104,6 +105,7 @@ class DaemonCore:
     listen: ListenSocket
     fd_reserve: FdReserve
     logins: Logins
+    cursors: CursorBook[tuple[dict[str, Any], ...]]
     kept: dict[str, Handle]
     watched: WatchedFiles
     _detach_pacer: DetachPacer

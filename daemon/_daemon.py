@@ -49,6 +49,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -57,6 +58,7 @@ from mcpool.pool import (
     Handle,
     Pool,
 )
+from mcpool.session._cursors import CursorBook
 
 from . import _admin, _paths
 from ._admin_api import RESTART_WAIT, _forced_failure, _tail, _tree_rss  # noqa: F401
@@ -249,6 +251,9 @@ class Daemon(ConnectionServer):
         self.listen = ListenSocket(sock_path, None, self.log)
         self.fd_reserve = FdReserve()
         self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
+        # Every list a session was served with a next page, for its cursors (issue 29 item 6):
+        # one book for all sessions, since pages are cached on lists sessions share.
+        self.cursors: CursorBook[tuple[dict[str, Any], ...]] = CursorBook(trio.current_time)
         # The daemon's own leases on the user file's `"start": "always"` servers (L6).
         self.kept: dict[str, Handle] = {}
         # Told the pid once the socket listens: main() gives it the starter's status pipe.

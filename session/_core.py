@@ -30,6 +30,7 @@ from mcpool.protocol import (
     response,
 )
 
+from ._cursors import CursorBook
 from ._eras import MODERN, Batch, modern_result
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _Relayed, request_id
 from ._input import is_ours
@@ -69,11 +70,13 @@ class SessionCore:
         "_relay_ids",
         "_signature",
         "_views_known",
+        "_walks",
         "attached_at",
         "client_capabilities",
         "client_info",
         "close_reason",
         "closed",
+        "cursors",
         "cwd",
         "era",
         "id",
@@ -158,6 +161,8 @@ class SessionCore:
     _holding: list[_InFlight]
     _hold_timer: bool
     logins: LoginDesk | None
+    cursors: CursorBook[tuple[dict[str, Any], ...]]
+    _walks: tuple[int, ...]  # numbers of the lists this session's cursors name
     # Servers told to need a login (issue 28) -> whether the elicitation for it failed.
     _login_told: dict[str, bool]
 

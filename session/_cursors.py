@@ -31,6 +31,10 @@ MAX_CURSOR_CHARS = 256
 
 L = TypeVar("L")
 
+# List numbers are unique across books: a page cached on a shared list names its list by
+# number, and no other book's list has that number.
+_numbers = itertools.count(1)
+
 
 class CursorError(ValueError):
     """The cursor names no list the book holds: the message says what to do."""
@@ -54,18 +58,17 @@ class CursorBook(Generic[L]):
         self._clock = clock
         self._max = max_lists
         self._ttl = ttl
-        self._numbers = itertools.count(1)
         self._by_number: collections.OrderedDict[int, _Kept[L]] = collections.OrderedDict()
         self._by_list: dict[int, int] = {}  # id(list) -> its number
         self.issued = 0
         self.refused = 0
 
-    def cursor(self, served: L, offset: int) -> str:
-        """The cursor of `served` at `offset` (the list is kept for it)."""
+    def number(self, served: L) -> int:
+        """The number of `served` in the book, kept (and its time renewed) for its cursors."""
         number = self._by_list.get(id(served))
         kept = self._by_number.get(number) if number is not None else None
         if kept is None or kept.served is not served:
-            number = next(self._numbers)
+            number = next(_numbers)
             kept = _Kept(number, served, self._clock())
             self._by_number[number] = kept
             self._by_list[id(served)] = number
@@ -73,11 +76,19 @@ class CursorBook(Generic[L]):
         else:
             kept.at = self._clock()
             self._by_number.move_to_end(kept.number)
-        self.issued += 1
-        return base64.urlsafe_b64encode(f"c:{kept.number}:{offset}".encode()).decode()
+        return kept.number
 
-    def page(self, cursor: object) -> tuple[L, int]:
-        """The list `cursor` was cut from and the offset of its next page."""
+    def cursor_at(self, number: int, offset: int) -> str:
+        """The cursor of list `number` at `offset`."""
+        self.issued += 1
+        return base64.urlsafe_b64encode(f"c:{number}:{offset}".encode()).decode()
+
+    def cursor(self, served: L, offset: int) -> str:
+        """The cursor of `served` at `offset` (the list is kept for it)."""
+        return self.cursor_at(self.number(served), offset)
+
+    def page(self, cursor: object) -> tuple[L, int, int]:
+        """The list `cursor` was cut from, the offset of its next page and the list's number."""
         number, offset = self._parse(cursor)
         kept = self._by_number.get(number)
         if kept is None or self._clock() - kept.at > self._ttl:
@@ -86,16 +97,32 @@ class CursorBook(Generic[L]):
                 f"cursor {str(cursor)[:64]!r} is from a list that changed or expired: "
                 "list again from the start"
             )
-        return kept.served, offset
+        return kept.served, offset, number
+
+    def lookup(self, cursor: object) -> tuple[L, int, int] | None:
+        """`page` without the error, or the count of one (a fast path that leaves what it
+        cannot serve to the general path, which says why)."""
+        try:
+            number, offset = self._decode(cursor)
+        except (ValueError, UnicodeDecodeError, binascii.Error):
+            return None
+        kept = self._by_number.get(number)
+        if kept is None or self._clock() - kept.at > self._ttl:
+            return None
+        return kept.served, offset, number
+
+    @staticmethod
+    def _decode(cursor: object) -> tuple[int, int]:
+        if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
+            raise ValueError("not a string of a cursor's size")
+        tag, number, offset = base64.urlsafe_b64decode(cursor.encode()).decode().split(":")
+        if tag != "c" or not number.isdigit() or not offset.isdigit():
+            raise ValueError(tag)
+        return int(number), int(offset)
 
     def _parse(self, cursor: object) -> tuple[int, int]:
         try:
-            if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
-                raise ValueError("not a string of a cursor's size")
-            tag, number, offset = base64.urlsafe_b64decode(cursor.encode()).decode().split(":")
-            if tag != "c" or not number.isdigit() or not offset.isdigit():
-                raise ValueError(tag)
-            return int(number), int(offset)
+            return self._decode(cursor)
         except (ValueError, UnicodeDecodeError, binascii.Error):
             self.refused += 1
             raise CursorError(

@@ -109,9 +109,10 @@ class Aggregate:
         # order) <=> canonically equal (S4). (A table may read through an older one's:
         # session/_tables.py.)
         self.canonical: dict[str, Mapping[str, bytes]] = {}
-        # Encoded pages, keyed by (kind, modern era, page size, offset), filled lazily by
+        # Encoded pages, keyed by (kind, modern era, page size, offset, the number of the list
+        # their next cursor names), filled lazily by
         # sessions (a cache, not state).
-        self.encoded: dict[tuple[str, bool, int, int], bytes] = {}
+        self.encoded: dict[tuple[str, bool, int, int, int], bytes] = {}
         # How sessions moved from here to their next candidates (build_candidate; a cache).
         self.moves: dict[Any, Any] = {}
 
@@ -175,7 +176,7 @@ class RegistryGeneration(msgspec.Struct, eq=False):
         return self.agg.canonical
 
     @property
-    def encoded(self) -> dict[tuple[str, bool, int, int], bytes]:
+    def encoded(self) -> dict[tuple[str, bool, int, int, int], bytes]:
         return self.agg.encoded
 
     # Lookups on the hot path.

@@ -8,7 +8,6 @@ below it define.
 
 from __future__ import annotations
 
-import base64
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,7 @@ from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_heade
 
 from . import _params
 from ._core import SERVER_INFO
+from ._cursors import CursorError
 from ._eras import (
     HANDSHAKE,
     LIST_FLAGS,
@@ -76,32 +76,8 @@ _REMOVED_AT_MODERN = frozenset(
 
 _TOOLS_LIST = b'"tools/list"'  # in a line that may be one (`_tools_page_direct` decides)
 
-# The cursors mcpool issued, and their offsets: read back without decoding (every page of a
-# full listing after each change, in every session; issue 17). Bounded: one per page boundary
-# of a list as long as one the daemon served.
-_issued: dict[str, int] = {}
-
-
-def _cursor(offset: int) -> str:
-    cursor = base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
-    _issued[cursor] = offset
-    return cursor
-
-
-def _offset(cursor: Any) -> int:
-    issued = _issued.get(cursor) if cursor.__class__ is str else None
-    if issued is not None:
-        return issued
-    try:
-        tag, off = base64.urlsafe_b64decode(str(cursor).encode()).decode().split(":")
-        if tag != "o":
-            raise ValueError(tag)
-        value = int(off)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidParams("invalid cursor: not a cursor mcpool issued") from exc
-    if value < 0:
-        raise InvalidParams("invalid cursor: negative offset")
-    return value
+# Lists a session walks at once (their cursors are its own): the newest are kept.
+MAX_WALKS = 8
 
 
 def _ignore_reply(msg: Message) -> None:
@@ -181,10 +157,18 @@ class SessionRequests(SessionGenerations):
         ):
             return False
         cursor = plain.params.cursor
-        offset = _issued.get(cursor) if cursor is not None else 0
-        if offset is None:
-            return False
-        page = self.registry.agg.encoded.get(("tools", False, self.page_size, offset))
+        agg = self.registry.agg
+        tools = agg.tools
+        if cursor is None:
+            offset = 0
+        else:
+            found = self.cursors.lookup(cursor)
+            if found is None or found[0] is not tools or found[2] not in self._walks:
+                return False
+            offset = found[1]
+        size = self.page_size
+        number = self._walk_number(tools) if offset + size < len(tools) else 0
+        page = agg.encoded.get(("tools", False, size, offset, number))
         if page is None:
             return False
         self._answer_page(client_id, page)
@@ -435,30 +419,54 @@ class SessionRequests(SessionGenerations):
         gen = self.registry
         items: tuple[dict[str, Any], ...] = getattr(gen, kind)
         cursor = t.cursor
-        offset = _offset(cursor) if cursor is not None else 0
+        # A walk goes on on the list it began on (issue 29 item 6): a cursor names that list.
+        served, offset = (items, 0) if cursor is None else self._walk(cursor)
         modern = self.era is MODERN
-        # Each page is encoded once per aggregate, era (a modern one carries more), page size
-        # and offset. Only offsets the daemon issues are cached (page boundaries within the
-        # list, and 0): a client's made-up cursors cannot grow the cache.
         size = self.page_size
-        cacheable = offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
-        key = (kind, modern, size, offset)
+        number = self._walk_number(served) if offset + size < len(served) else 0
+        # Each page of the current list is encoded once per aggregate, era (a modern one
+        # carries more), page size, offset and list number (the one its next cursor names).
+        cacheable = served is items and (
+            offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
+        )
+        key = (kind, modern, size, offset, number)
         if cacheable:
             cached = gen.encoded.get(key)
             if cached is not None:
                 self._answer_page(request_id(msg), cached)
                 return
-        page = items[offset : offset + self.page_size]
+        page = served[offset : offset + size]
         result: dict[str, Any] = {field: page}
-        if offset + self.page_size < len(items):
+        if number:
             # Pages are cached on the shared aggregate: no per-session value in them.
-            result["nextCursor"] = _cursor(offset + self.page_size)
+            result["nextCursor"] = self.cursors.cursor_at(number, offset + size)
         if modern:
             result = modern_result("tools/list", result, SERVER_INFO)  # every list is cacheable
         encoded = _encoder.encode(result)
         if cacheable:
             gen.encoded[key] = encoded
         self._answer_page(request_id(msg), encoded)
+
+    def _walk(self, cursor: object) -> tuple[tuple[dict[str, Any], ...], int]:
+        """The list a cursor of this session's was cut from, and its next page's offset."""
+        try:
+            served, offset, number = self.cursors.page(cursor)
+        except CursorError as exc:
+            raise InvalidParams(str(exc)) from None
+        if number not in self._walks:
+            raise InvalidParams(
+                f"cursor {str(cursor)[:64]!r} is not one of this session's lists: list again "
+                "from the start"
+            )
+        return served, offset
+
+    def _walk_number(self, served: tuple[dict[str, Any], ...]) -> int:
+        """The number of a list this session walks (its next cursor names it)."""
+        number = self.cursors.number(served)
+        walks = self._walks
+        if number not in walks:
+            self._walks = (*walks[1 - MAX_WALKS :], number)
+        return number
 
     def _answer_page(self, rid: Any, page: bytes) -> None:
         """The answer with `page` as its result, written around the page's bytes: no copy of

@@ -64,6 +64,7 @@ from mcpool.pool import Pool
 from mcpool.protocol import Message
 
 from ._core import _NO_PARKED
+from ._cursors import CursorBook
 from ._eras import Batch
 from ._flight import SessionLog, Writer, _InFlight, _Listen, _no_log, _Relayed
 from ._forwarding import _Resume
@@ -107,6 +108,7 @@ class Session(SessionRequests):
         attached_at: float = 0.0,
         log_enabled: Callable[[str], bool] | None = None,
         logins: LoginDesk | None = None,
+        cursors: CursorBook[tuple[dict[str, Any], ...]] | None = None,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -178,3 +180,7 @@ class Session(SessionRequests):
         # daemon gives one: the client that declared URL elicitation is asked to open it.
         self.logins: LoginDesk | None = logins
         self._login_told: dict[str, bool] = {}
+        # The daemon's book of listed lists, shared by its sessions (pages are cached on shared
+        # lists); a session made alone keeps its own.
+        self.cursors = cursors if cursors is not None else CursorBook(trio.current_time)
+        self._walks: tuple[int, ...] = ()

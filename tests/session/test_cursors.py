@@ -21,7 +21,7 @@ def test_a_walk_continues_on_the_list_it_began_on() -> None:
     cursor = book.cursor(first, 2)
     changed = ("b1", "b2", "b3", "b4", "b5")
     book.cursor(changed, 2)  # the list changed meanwhile; another walk begins on it
-    served, offset = book.page(cursor)
+    served, offset, _ = book.page(cursor)
     assert served is first and offset == 2  # never b3.., never a skip
     # The same list at another boundary keeps one entry.
     book.cursor(first, 4)

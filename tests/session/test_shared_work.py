@@ -24,6 +24,7 @@ from mcpool.protocol import canonical_bytes, decode
 from mcpool.session import Session, _canoncache, _registry
 from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
+from mcpool.session._cursors import CursorBook
 from mcpool.session._registry import LIST_KINDS, RegistryGeneration, build_candidate
 from mcpool.session._view import common_ends, project
 
@@ -36,6 +37,9 @@ INITIALIZE = {
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
+_books: dict[int, CursorBook[Any]] = {}
+
+
 async def attach(
     nursery: trio.Nursery,
     pool: Pool,
@@ -45,7 +49,11 @@ async def attach(
     page_size: int = 500,
 ) -> tuple[Session, FakeWriter]:
     out = FakeWriter()
-    session = Session(sid, name=sid, cwd=None, pool=pool, out=out, page_size=page_size)
+    # One book for the sessions of a pool, as the daemon gives all its sessions one.
+    cursors = _books.setdefault(id(pool), CursorBook(trio.current_time))
+    session = Session(
+        sid, name=sid, cwd=None, pool=pool, out=out, page_size=page_size, cursors=cursors
+    )
     nursery.start_soon(session.run_notifier)
     want = {name: desired(name, s) for name, s in servers.items()}
     await session.apply_settings(want, 1)
@@ -111,12 +119,10 @@ async def test_every_page_served_from_the_cache_equals_the_uncached_pages(
     assert len(warm) == 4 and "nextCursor" not in warm[-1]
     assert len(first.registry.encoded) == 4  # one per page
 
-    # A cursor the daemon never issued (mid-page) is answered correctly and not cached.
+    # A cursor the daemon never issued (mid-page) is refused, naming it, and nothing cached.
     mid = base64.urlsafe_b64encode(b"o:3").decode()
-    reply = ask(second, second_out, "tools/list", {"cursor": mid})["result"]
-    assert reply["tools"] == items[3:10]
-    past = base64.urlsafe_b64encode(b"o:700").decode()
-    assert ask(second, second_out, "tools/list", {"cursor": past})["result"]["tools"] == []
+    error = ask(second, second_out, "tools/list", {"cursor": mid})["error"]
+    assert error["code"] == -32602 and mid in error["data"]["reason"], error
     assert len(first.registry.encoded) == 4
 
     # A change of the list: the new aggregate's pages, never the old cache.
