@@ -1,0 +1,74 @@
+"""daemon/_ledger.py: one observer fanned out to statistics and the audit log, and the two
+daemonctl commands' output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import trio
+from fakes import SessionFactsStub
+
+from mcpool.daemon._audit import AuditLog
+from mcpool.daemon._ledger import Ledger, cmd_audit, parse_since, render_stats
+from mcpool.session._observe import CallDone, Outcome
+
+
+def _call(
+    sid: str, server: str, name: str, at: float, outcome: Outcome = Outcome.RESULT
+) -> CallDone:
+    return CallDone(
+        SessionFactsStub(sid), server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70
+    )
+
+
+async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    ledger = Ledger(AuditLog(path))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run)
+        ledger.call_done(_call("s1", "git", "log", trio.current_time()))
+        ledger.call_done(_call("s2", "git", "log", trio.current_time(), Outcome.TOOL_ERROR))
+        nursery.cancel_scope.cancel()
+    stats = ledger.stats.as_json()
+    assert stats["servers"]["git"]["calls"] == 2
+    assert stats["servers"]["git"]["errors"] == 1
+    assert stats["sessions"] == {"s1": 1, "s2": 1}
+    text = render_stats(stats)
+    assert "git" in text and "  log" in text and "calls by session: s1 1, s2 1" in text
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["session"], r["outcome"]) for r in lines] == [("s1", "result"), ("s2", "isError")]
+    ledger.session_closed("s1")
+    assert ledger.stats.as_json()["sessions"] == {"s2": 1}
+
+
+async def test_daemonctl_audit_filters_and_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    now = trio.current_time()
+    for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs")):
+        log.call_done(_call(sid, server, "t", now))
+    log.flush()
+    args = argparse.Namespace(session="s1", server=None, since=None, n=0)
+    assert cmd_audit(args, True, path) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [(r["session"], r["server"]) for r in printed] == [("s1", "git"), ("s1", "fs")]
+    args = argparse.Namespace(session=None, server="fs", since="1h", n=1)
+    assert cmd_audit(args, False, path) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["time", "session", "client"]
+    assert len(out) == 2 and " s1 " in out[1] and " fs " in out[1]
+    args = argparse.Namespace(session=None, server=None, since="soon", n=0)
+    assert cmd_audit(args, False, path) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(None, None), ("300", 700.0), ("5m", 700.0), ("1h", -2600.0), ("1800000000", 1.8e9)],
+)
+def test_since(text: str | None, expected: float | None) -> None:
+    assert parse_since(text, 1000.0) == expected
