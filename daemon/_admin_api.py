@@ -1,9 +1,9 @@
-"""The admin API's handlers (`daemonctl`): one `_admin_<command>` per command of daemon/_admin.py,
-which types their params first.
+"""The admin API (`daemonctl`): a table of handlers, one per command of daemon/_admin.py, which
+types their params first.
 
-A room of `Daemon` (daemon/_daemon.py): the rooms form one chain of base classes,
-_core <- _hosting <- _admin_api <- _explain <- _connections <- _daemon, each using only what
-the rooms below it define.
+`AdminApi` is made by `Daemon.run` from the objects it reports on and acts through (the process,
+the settings files and host, the attached sessions, the pool, the logins, the cursor book); it
+answers one request at a time (`answer`), and the connection side writes the answer.
 """
 
 from __future__ import annotations
@@ -20,30 +20,24 @@ import trio
 from msgspec import UNSET
 
 from mcpool import __version__
-from mcpool.pool import (
-    EntryState,
-    FdWriter,
-    WriterClosed,
-    read_some,
-)
+from mcpool.pool import EntryState, Pool
 from mcpool.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    LineFramer,
     McpoolError,
     Message,
-    MessageTooLarge,
     error_response,
     response,
 )
+from mcpool.session._cursors import CursorBook
 
 from . import _admin
-from ._core import EXIT_STOPPED, _SessionState  # noqa: F401
+from ._attached import AttachedSessions
+from ._core import DaemonProcess, error_line
 from ._explain import explain
-from ._hosting import _DAEMON_LEASE, SettingsHost, _DaemonLease  # noqa: F401
-from ._settings import (
-    parse_server_entry,
-)
+from ._hosting import SettingsHost
+from ._login import Logins
+from ._settings import parse_server_entry
 from ._snapshots import describe_snapshot
 
 RESTART_WAIT = 60.0  # `daemonctl restart` answers by then even if a server is still starting
@@ -83,12 +77,30 @@ def _tree_rss(pid: int | None, children: bool = True) -> int | None:
 AdminHandler = Callable[[Any], Awaitable[Any]]
 
 
-class AdminApi(SettingsHost):
-    _admin_handlers: dict[str, AdminHandler]  # admin_handler_table(), built by Daemon.__init__
-
-    def admin_handler_table(self) -> dict[str, AdminHandler]:
-        """Each command's handler, by the handler name daemon/_admin.py gives it."""
-        return {
+class AdminApi:
+    def __init__(
+        self,
+        process: DaemonProcess,
+        host: SettingsHost,
+        sessions: AttachedSessions,
+        pool: Pool,
+        logins: Logins,
+        *,
+        cursors: CursorBook[tuple[dict[str, Any], ...]],
+        spawn_shared: Callable[[Callable[[], Awaitable[None]]], None],
+        commands: dict[str, _admin.Command],
+    ) -> None:
+        self._process = process
+        self._host = host
+        self._files = host.files
+        self._sessions = sessions
+        self._pool = pool
+        self._logins = logins
+        self._cursors = cursors
+        # The daemon's shared nursery (the accept loop's), for the test hook testCrash.
+        self._spawn_shared = spawn_shared
+        self._commands = commands
+        self._handlers: dict[str, AdminHandler] = {
             "status": self._admin_status,
             "servers": self._admin_servers,
             "sessions": self._admin_sessions,
@@ -106,35 +118,12 @@ class AdminApi(SettingsHost):
             "testFail": self._admin_testFail,
         }
 
-    async def _serve_admin(
-        self, fd: int, writer: FdWriter, framer: LineFramer, first: Message, pending: list[bytes]
-    ) -> None:
-        """Answer admin requests in order until the caller closes, or goes away before it reads
-        an answer: either ends this connection only."""
-        if not await self._admin_request(writer, first):
-            return
-        queue = list(pending)
-        while not self.stop_requested.is_set() or queue:
-            while queue:
-                decoded = self._decode_or_refuse(queue.pop(0), writer)
-                if writer.closed:
-                    return
-                if decoded is None:
-                    continue
-                for msg in decoded if isinstance(decoded, list) else [decoded]:
-                    if not await self._admin_request(writer, msg):
-                        return
-            data = await read_some(fd)
-            if not data:
-                return
-            try:
-                queue = framer.feed(data)
-            except MessageTooLarge as exc:
-                await self._fail_and_close(fd, writer, exc)
-                return
+    def add_handler(self, name: str, handler: AdminHandler) -> None:
+        """A handler for a command of `commands` that another object answers."""
+        self._handlers[name] = handler
 
-    async def _admin_request(self, writer: FdWriter, msg: Message) -> bool:
-        """Run one admin command and answer it; False when its caller has gone.
+    async def answer(self, msg: Message) -> bytes | None:
+        """Run one admin command; its answer line (None for a notification).
 
         The fence of the admin API: params are typed before the handler runs (daemon/_admin.py);
         an error a handler raises on purpose is its JSON-RPC error, and anything else is an
@@ -143,88 +132,64 @@ class AdminApi(SettingsHost):
         """
         method = msg.method if isinstance(msg.method, str) else ""
         try:
-            command = _admin.lookup(method, self.admin_commands)
+            command = _admin.lookup(method, self._commands)
             params = _admin.decode_params(command, msg.params)
-            result = await self._admin_handlers[command.handler](params)
-            answer = response(msg.id, result) if isinstance(msg.id, int | str) else None
+            result = await self._handlers[command.handler](params)
+            return response(msg.id, result) if isinstance(msg.id, int | str) else None
         except McpoolError as exc:
-            answer = self._error_line(msg.id, exc) if msg.id is not UNSET else None
+            return error_line(msg.id, exc) if msg.id is not UNSET else None
         except Exception as exc:
-            self.log(
+            self._process.log(
                 "error",
                 f"admin {method} failed: {type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(),
             )
             reason = f"{method} failed: {type(exc).__name__}: {exc} (the daemon log has more)"
-            answer = (
+            return (
                 error_response(msg.id, INTERNAL_ERROR, "Internal error", {"reason": reason})
                 if msg.id is not UNSET
                 else None
             )
-        if answer is None:
-            return True
-        try:
-            writer.write(answer)
-        except WriterClosed as exc:
-            self.log("info", f"admin caller of {method} went away before its answer: {exc}")
-            return False
-        return True
 
     async def _admin_status(self, params: _admin.StatusParams) -> dict[str, Any]:
-        assert self.pool is not None
         if params.collect:
             # A leak hunt wants live objects only: garbage waiting for a (rarer, see run) gen-0
             # pass would read as growth.
             gc.collect()
-        entries = self.pool.entries()
+        entries = self._pool.entries()
         rss_total = 0
         for e in entries:
             rss_total += _tree_rss(e.upstream.pid if e.upstream else None) or 0
-        files = [
-            {
-                "path": f.path,
-                "kind": "daemon" if f.path == self.config_path else "settings",
-                "status": f.status,
-                "error": f.error,
-                "error_at": f.error_at,
-                "loaded_at": f.loaded_at,
-                # The servers in force from this file, and when they were read: for "error",
-                # the previous good generation's.
-                "servers": len(f.servers),
-                "applied_at": f.applied_at,
-            }
-            for f in self.files.values()
-        ]
         return {
-            "pid": self.pid,
+            "pid": self._process.pid,
             "version": __version__,
-            "socket": self.sock_path,
-            "started_at": self.started_wall,
-            "uptime": round(trio.current_time() - self.started, 3),
-            "config": files,
-            "sessions": len(self.sessions),
+            "socket": self._process.sock_path,
+            "started_at": self._process.started_wall,
+            "uptime": round(trio.current_time() - self._process.started, 3),
+            "config": self._files.describe(),
+            "sessions": len(self._sessions),
             "entries": len(entries),
             "processes": sum(1 for e in entries if e.upstream is not None),
             "rss": rss_total,
-            "daemon_rss": _tree_rss(self.pid, children=False),
+            "daemon_rss": _tree_rss(self._process.pid, children=False),
             # The interpreter's own count of live blocks and tracked objects: unlike RSS, it does
             # not move with allocator arenas, so it shows a leak that RSS would hide in noise.
             "heap": {"blocks": sys.getallocatedblocks(), "objects": len(gc.get_objects())},
-            "pooling": self.options.pool,
+            "pooling": self._files.options.pool,
             # What the daemon's own caches hold (issue 27 item 5).
-            "caches": {"cursors": self.cursors.statistics()},
-            "options": msgspec.to_builtins(self.options),
+            "caches": {"cursors": self._cursors.statistics()},
+            "options": msgspec.to_builtins(self._files.options),
             # One row per rejected server part (S3, S8), gone once a candidate no longer has it.
             "registry_errors": [
                 {"session": sid, "server": server, "error": error}
-                for sid, st in self.sessions.items()
+                for sid, st in self._sessions.by_id.items()
                 for server, error in st.session.registry_errors.items()
             ],
             "notes": [
-                *self.notes,
+                *self._files.notes,
                 *(f"server '{e.name}': {n}" for e in entries for n in e.snapshot.notes),
             ],
-            "skipped": self._skipped_entries(),
+            "skipped": self._sessions.skipped_entries(),
             # L6: servers sessions hold that are not up (never silently absent from a list).
             "not_up": [
                 {
@@ -238,25 +203,13 @@ class AdminApi(SettingsHost):
             ],
         }
 
-    def _skipped_entries(self) -> list[dict[str, Any]]:
-        """Entries some session's settings hold but desired_for refused, with why."""
-        by_error: dict[tuple[str, str, str], list[str]] = {}
-        for sid, st in self.sessions.items():
-            for name, (source, error) in st.skipped.items():
-                by_error.setdefault((name, source, error), []).append(sid)
-        return [
-            {"server": name, "file": source, "error": error, "sessions": sids}
-            for (name, source, error), sids in sorted(by_error.items())
-        ]
-
     async def _admin_servers(self, params: _admin.NoParams) -> list[dict[str, Any]]:
-        assert self.pool is not None
         out = []
         now = trio.current_time()
-        for e in self.pool.entries():
+        for e in self._pool.entries():
             up = e.upstream
             started_at = (
-                self.started_wall + (up.started_at - self.started)
+                self._process.wall_time(up.started_at)
                 if up is not None and up.started_at is not None
                 else None
             )
@@ -265,7 +218,7 @@ class AdminApi(SettingsHost):
                     "name": e.name,
                     "id": e.lifecycle_id,
                     "fingerprint": e.identity.fingerprint,
-                    "state": self.logins.shown_state(e),
+                    "state": self._logins.shown_state(e),
                     "refs": sorted({h.session_id for h in e.handles.values()}),
                     "pid": up.pid if up is not None else None,
                     "started_at": started_at,
@@ -280,9 +233,7 @@ class AdminApi(SettingsHost):
                     "notes": list(e.snapshot.notes),
                     # crash-loop only: when it is tried again on its own (wall clock)
                     "retry_at": (
-                        self.started_wall + (e.retry_at - self.started)
-                        if e.retry_at is not None
-                        else None
+                        self._process.wall_time(e.retry_at) if e.retry_at is not None else None
                     ),
                     "rss": _tree_rss(up.pid if up else None),
                     "tools": len(e.snapshot.tools),
@@ -293,7 +244,7 @@ class AdminApi(SettingsHost):
                     "transport_detail": e.identity.describe(),
                 }
             )
-        for item in self._skipped_entries():
+        for item in self._sessions.skipped_entries():
             # Refused before a process existed: listed so `daemonctl servers` says why a
             # server a session asked for is not running.
             out.append(
@@ -309,7 +260,7 @@ class AdminApi(SettingsHost):
 
     async def _admin_sessions(self, params: _admin.NoParams) -> list[dict[str, Any]]:
         out = []
-        for sid, st in self.sessions.items():
+        for sid, st in self._sessions.by_id.items():
             s = st.session
             out.append(
                 {
@@ -345,27 +296,13 @@ class AdminApi(SettingsHost):
             )
         return out
 
-    def _session_state(self, sid: str) -> _SessionState:
-        """A session by id, else by name."""
-        st = self.sessions.get(sid)
-        if st is None:
-            for cand in self.sessions.values():
-                if cand.session.name == sid:
-                    return cand
-            raise McpoolError(
-                f"no session {sid!r} is attached",
-                message=f"Unknown session {sid}",
-                code=INVALID_PARAMS,
-            )
-        return st
-
     async def _admin_tools(self, params: _admin.ToolsParams) -> list[dict[str, Any]]:
         """What the session's client is served, each item with what a call (or get) of it
         does now: an item the current settings no longer allow is still served while a reload
         waits for new servers, and its calls are refused (S8). Such a row is kept, marked
         (`callable` false, `refused` says why), rather than left out: the client lists it
         until the reload ends, and the user comparing the two should see why it fails."""
-        st = self._session_state(params.session)
+        st = self._sessions.find(params.session)
         server = params.server
         session = st.session
         gen = session.registry
@@ -389,34 +326,33 @@ class AdminApi(SettingsHost):
         return rows
 
     async def _admin_explain(self, params: _admin.ExplainParams) -> dict[str, Any]:
-        assert self.pool is not None
-        st = self._session_state(params.session)
-        return explain(st, params.name, self.sessions, self.pool.entries(), self.files)
+        st = self._sessions.find(params.session)
+        return explain(
+            st, params.name, self._sessions.by_id, self._pool.entries(), self._files.files
+        )
 
     async def _admin_stop(self, params: _admin.NoParams) -> dict[str, Any]:
-        self.request_stop()
-        return {"pid": self.pid}
+        self._process.request_stop()
+        return {"pid": self._process.pid}
 
     async def _admin_testCrash(self, params: _admin.NoParams) -> dict[str, Any]:
         """MCPOOL_TEST_HOOKS=1 only: an unexpected error in the daemon's own nursery (where the
         accept loop runs), as a bug in a shared task would raise one; answered first."""
-        assert self._shared_nursery is not None
-        self._shared_nursery.start_soon(_forced_failure)
-        return {"pid": self.pid}
+        self._spawn_shared(_forced_failure)
+        return {"pid": self._process.pid}
 
     async def _admin_testFail(self, params: _admin.NoParams) -> dict[str, Any]:
         """MCPOOL_TEST_HOOKS=1 only: a handler's unexpected error (a bug behind one command)."""
         raise RuntimeError("forced by the test hook mcpool/admin/testFail")
 
     async def _admin_reload(self, params: _admin.NoParams) -> dict[str, Any]:
-        return {"files": await self.reload()}
+        return {"files": await self._host.reload()}
 
     async def _admin_restart(self, params: _admin.RestartParams) -> dict[str, Any]:
-        assert self.pool is not None
         name = params.name
-        before = {id(e): e.upstream for e in self.pool.entries() if e.name == name}
-        waits = {id(e): e.state_changed for e in self.pool.entries() if e.name == name}
-        entries = self.pool.restart(name)
+        before = {id(e): e.upstream for e in self._pool.entries() if e.name == name}
+        waits = {id(e): e.state_changed for e in self._pool.entries() if e.name == name}
+        entries = self._pool.restart(name)
         if not entries:
             raise McpoolError(
                 f"no running server is named {name!r}",
@@ -446,19 +382,18 @@ class AdminApi(SettingsHost):
         return {"entries": results}
 
     async def _admin_logs(self, params: _admin.LogsParams) -> dict[str, Any]:
-        assert self.pool is not None
         lines, name = params.lines, params.name
         if not name:
-            return {"lines": _tail(list(self.log_lines), lines)}
+            return {"lines": _tail(list(self._process.log_lines), lines)}
         found: list[str] = []
         matched = False
-        for e in self.pool.entries():
+        for e in self._pool.entries():
             if e.name == name:
                 matched = True
                 tail = list(e.upstream.stderr_tail) if e.upstream else e.stderr_history
                 # A server may echo its env or headers: never shown (X2).
                 found.extend(e.identity.redact(line) for line in tail)
-        for item in self._skipped_entries():
+        for item in self._sessions.skipped_entries():
             if item["server"] == name:  # refused before it had a process: say why
                 matched = True
                 found.append(f"[mcpool] {item['error']}")
@@ -471,14 +406,11 @@ class AdminApi(SettingsHost):
         return {"lines": _tail(found, lines)}
 
     async def _admin_setServer(self, params: _admin.SetServerParams) -> dict[str, Any]:
-        st = self._session_state(params.session)
+        st = self._sessions.find(params.session)
         name = params.name
         entry = parse_server_entry(name, params.entry)
-        async with self.reload_gate:
-            before = dict(st.session.views)
-            st.overrides[name] = (entry, "<runtime>")
-            self.settings_generation += 1
-            actions = await self.apply_to_session(st)
+        before = dict(st.session.views)
+        actions = await self._host.set_override(st, name, entry)
         action = dict(actions).get(name, "none")
         view = st.session.views.get(name)
         return {
@@ -490,10 +422,10 @@ class AdminApi(SettingsHost):
 
     # OAuth (issue 16): the handlers live in _login.py.
     async def _admin_login(self, params: _admin.RestartParams) -> dict[str, Any]:
-        return await self.logins.login(params.name)
+        return await self._logins.login(params.name)
 
     async def _admin_loginWait(self, params: _admin.RestartParams) -> dict[str, Any]:
-        return await self.logins.login_wait(params.name)
+        return await self._logins.login_wait(params.name)
 
     async def _admin_logout(self, params: _admin.RestartParams) -> dict[str, Any]:
-        return await self.logins.logout(params.name)
+        return await self._logins.logout(params.name)

@@ -1,9 +1,9 @@
 """The socket side: accepting connections (fenced), a connection's first message, attach and the
-stdio hand-off, serving a session's lines, the bridge sockets and the HTTP endpoint's start.
+stdio hand-off, serving a session's lines and an admin caller's requests, the bridge sockets.
 
-A room of `Daemon` (daemon/_daemon.py): the rooms form one chain of base classes,
-_core <- _hosting <- _admin_api <- _explain <- _connections <- _daemon, each using only what
-the rooms below it define.
+`ConnectionServer` is made by `Daemon.run` from the process, the session opener (`Sessions`), the
+admin API and the listening socket; it owns what only connections use (the bridge sockets, the
+detach pacer, the connections to linger on).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import socket
 import stat
 import struct
 import sys
-import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -35,20 +35,20 @@ from mcpool.protocol import (
     McpoolError,
     Message,
     MessageTooLarge,
+    decode,
     error_response,
     notification,
     response,
 )
-from mcpool.session import (
-    Session,
-    new_session_id,
-    request_id,
-)
+from mcpool.session import Session, request_id
 
 from . import _admin
-from ._admin_api import RESTART_WAIT, AdminApi, _forced_failure, _tail, _tree_rss  # noqa: F401
-from ._core import EXIT_STOPPED, _SessionState  # noqa: F401
-from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
+from ._admin_api import AdminApi
+from ._attached import SessionRecord
+from ._core import DaemonProcess, error_line
+from ._listener import FdReserve, ListenSocket
+from ._sessions import Sessions
+from ._settings import DaemonOptions
 
 # The attach request decodes through the admin boundary's typed decoder (no handler: the
 # connection code opens the session itself).
@@ -70,9 +70,6 @@ HANDOFF_DRAIN_BOUND = 1.0
 # fds an attach may hand over (stdin, stdout); room for one more so that a sender of too many
 # is seen (MSG_CTRUNC) rather than silently cut.
 HANDOFF_FDS = 2
-
-
-EXIT_FAILED = 1  # an unexpected error (logged with its traceback), or a failure that stopped it
 
 
 async def _recv_with_fds(raw: socket.socket, fds: list[int]) -> bytes:
@@ -207,25 +204,119 @@ def _at_fd_limit(first: Message) -> bytes:
     )
 
 
-class ConnectionServer(AdminApi):
+# Sessions whose clients left at once are closed this many per scheduler batch: a client closing
+# hundreds of sessions must not hold the loop from the sessions still calling (issue 17).
+DETACH_BATCH = 4
+
+
+class ConnectionServer:
+    def __init__(
+        self,
+        process: DaemonProcess,
+        sessions: Sessions,
+        admin: AdminApi,
+        listen: ListenSocket,
+        fd_reserve: FdReserve,
+        options: Callable[[], DaemonOptions],
+    ) -> None:
+        self._process = process
+        self._log = process.log
+        self._sessions = sessions
+        self._admin = admin
+        self._listen = listen
+        self._fd_reserve = fd_reserve
+        self._options = options
+        self.bridges = _BridgeSockets(DETACH_BATCH)
+        self._detach_pacer = DetachPacer(DETACH_BATCH)
+        self._linger: set[int] = set()  # connections closed for an error: half-close and drain
+
+    async def run(self) -> None:
+        """Accept connections, and watch the handed-off sessions' bridges, until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.bridges.run)
+                await self._accept_loop()
+        finally:
+            self.bridges.close()
+
+    async def _fail_and_close(self, fd: int, writer: FdWriter, exc: McpoolError) -> None:
+        try:
+            writer.write(error_line(None, exc))
+        except Exception:
+            return
+        with trio.move_on_after(1.0):
+            await writer.wait_drained()
+        # Lingering waits on the peer: _serve_connection does it once the session is released.
+        self._linger.add(fd)
+
+    @staticmethod
+    def _decode_or_refuse(line: bytes, writer: FdWriter) -> Message | list[Message] | None:
+        """A line's message (or batch); None when it is not one, after answering the error (a
+        peer that went away before reading it leaves `writer.closed` set: its connection ends)."""
+        try:
+            return decode(line)
+        except McpoolError as exc:
+            with contextlib.suppress(WriterClosed):
+                writer.write(error_line(None, exc))
+            return None
+
+    async def _serve_admin(
+        self, fd: int, writer: FdWriter, framer: LineFramer, first: Message, pending: list[bytes]
+    ) -> None:
+        """Answer admin requests in order until the caller closes, or goes away before it reads
+        an answer: either ends this connection only."""
+        if not await self._admin_request(writer, first):
+            return
+        queue = list(pending)
+        while not self._process.stop_requested.is_set() or queue:
+            while queue:
+                decoded = self._decode_or_refuse(queue.pop(0), writer)
+                if writer.closed:
+                    return
+                if decoded is None:
+                    continue
+                for msg in decoded if isinstance(decoded, list) else [decoded]:
+                    if not await self._admin_request(writer, msg):
+                        return
+            data = await read_some(fd)
+            if not data:
+                return
+            try:
+                queue = framer.feed(data)
+            except MessageTooLarge as exc:
+                await self._fail_and_close(fd, writer, exc)
+                return
+
+    async def _admin_request(self, writer: FdWriter, msg: Message) -> bool:
+        """Answer one admin request; False when its caller has gone."""
+        answer = await self._admin.answer(msg)
+        if answer is None:
+            return True
+        try:
+            writer.write(answer)
+        except WriterClosed as exc:
+            self._log("info", f"admin caller of {msg.method} went away before its answer: {exc}")
+            return False
+        return True
+
     async def _accept_loop(self) -> None:
         reserved = False  # the next connection is accepted with the fd reserve's room
         failing = False
         async with trio.open_nursery() as nursery:
             while True:
-                listener = self.listen.listener
+                listener = self._listen.listener
                 assert listener is not None
                 try:
                     conn, _ = await listener.accept()
                 except trio.ClosedResourceError:
-                    if self.listen.closed:
+                    if self._listen.closed:
                         return  # shutdown closed the listener
                     continue  # re-created: accept on the new one
                 except OSError as exc:
                     if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                         continue  # that peer left while it was being accepted
-                    if exc.errno in (errno.EMFILE, errno.ENFILE) and self.fd_reserve.release():
-                        self.log(
+                    if exc.errno in (errno.EMFILE, errno.ENFILE) and self._fd_reserve.release():
+                        self._log(
                             "warning",
                             f"accept failed at the open-file limit ({exc.strerror}): the fd "
                             "reserve lets one admin connection in",
@@ -234,7 +325,7 @@ class ConnectionServer(AdminApi):
                         continue
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         if not failing:  # once per run of failures, not ten lines a second
-                            self.log("error", f"accept failed: {exc}")
+                            self._log("error", f"accept failed: {exc}")
                         failing = True
                         await trio.sleep(0.1)
                         continue
@@ -249,7 +340,7 @@ class ConnectionServer(AdminApi):
         try:
             await self._serve_connection(tsock, reserved)
         except Exception as exc:
-            self._log_fault("opening a connection", exc)
+            self._process.log_fault("opening a connection", exc)
 
     async def _serve_connection(
         self, tsock: trio.socket.SocketType, reserved: bool = False
@@ -262,7 +353,7 @@ class ConnectionServer(AdminApi):
             peer_pid, peer_uid, _ = struct.unpack("3i", creds)
             raw.setblocking(False)
             if peer_uid != os.getuid():
-                self.log("warning", "refused a connection from another user", uid=peer_uid)
+                self._log("warning", "refused a connection from another user", uid=peer_uid)
                 with contextlib.suppress(OSError):
                     raw.send(
                         error_response(
@@ -281,7 +372,7 @@ class ConnectionServer(AdminApi):
                 # The per-connection fence: a bug while serving one connection ends that
                 # connection only, never the accept loop (and every other session with it).
                 # `except*`: a cancellation travelling in the same group still propagates.
-                self._log_fault("serving a connection", exc, peer=peer_pid)
+                self._process.log_fault("serving a connection", exc, peer=peer_pid)
                 faulted = True
             if raw.fileno() in self._linger and not faulted:
                 await _linger_close(raw.fileno())
@@ -289,7 +380,7 @@ class ConnectionServer(AdminApi):
             self._linger.discard(raw.fileno())
             raw.close()
             if reserved:
-                self.fd_reserve.refill()
+                self._fd_reserve.refill()
 
     async def _serve_peer(self, raw: socket.socket, peer_pid: int, reserved: bool = False) -> None:
         """One connection: its first message says what it is (admin, attach, a raw client).
@@ -298,14 +389,16 @@ class ConnectionServer(AdminApi):
         level it sits under is a coroutine frame kept for that long (about 0.5 KB a level).
         """
         fd = raw.fileno()
-        framer = LineFramer(self.options.max_message_bytes)
+        framer = LineFramer(self._options().max_message_bytes)
         # fds that came with the first message (an attach bridge handing over its stdio); a
         # session that takes them owns them, and whatever is not taken is closed on the way out.
         handed: list[int] = []
         try:
             async with trio.open_nursery() as nursery:
                 # No writer task while nothing is queued: an idle session costs no task for it.
-                writer = FdWriter(fd, self.options.session_buffer_bytes, spawn=nursery.start_soon)
+                writer = FdWriter(
+                    fd, self._options().session_buffer_bytes, spawn=nursery.start_soon
+                )
                 first, pending = await self._read_first(raw, framer, writer, handed)
                 if first is not None and str(first.method).startswith("mcpool/admin/"):
                     await self._serve_admin(fd, writer, framer, first, pending)
@@ -322,7 +415,7 @@ class ConnectionServer(AdminApi):
                             if in_fd == fd:
                                 await self._run_session(state, fd, writer, framer, pending)
                             else:
-                                fresh = LineFramer(self.options.max_message_bytes)
+                                fresh = LineFramer(self._options().max_message_bytes)
                                 client_closed = await self._run_session(
                                     state, in_fd, out, fresh, []
                                 )
@@ -382,18 +475,17 @@ class ConnectionServer(AdminApi):
         peer_pid: int,
         handed: list[int],
         spawn: Any,
-    ) -> tuple[_SessionState, int, FdWriter] | None:
+    ) -> tuple[SessionRecord, int, FdWriter] | None:
         """Open the session a connection's first message asks for and answer the attach: the
         state, the fd its client's messages arrive on and the writer its answers go to (the
         connection's own, or the handed-off stdin and stdout). None: refused (answered)."""
-        assert self.pool is not None
         handoff = False
         if first.method == "mcpool/attach":
             try:
                 params = _admin.decode_params(_ATTACH, first.params)
             except McpoolError as exc:
                 with contextlib.suppress(WriterClosed):  # a caller that left needs no answer
-                    writer.write(self._error_line(request_id(first), exc))
+                    writer.write(error_line(request_id(first), exc))
                 return None
             # abspath is string work on absolute paths (the bridge sends them): no I/O.
             sources = [os.path.abspath(p) for p in params.sources]
@@ -401,7 +493,7 @@ class ConnectionServer(AdminApi):
             handoff = params.handoff and _usable_stdio(handed)
             explicit_budget = params.max_name_length
         else:
-            sources, cwd, name, env = [self.config_path], None, "socket", None
+            sources, cwd, name, env = [self._sessions.config_path], None, "socket", None
             explicit_budget = None
         in_fd, out = fd, writer
         if handoff:
@@ -410,11 +502,11 @@ class ConnectionServer(AdminApi):
             os.set_blocking(out_fd, False)
             # The connection's nursery runs its drain task, so it can still drain once the
             # session's own nursery is gone.
-            out = FdWriter(out_fd, self.options.session_buffer_bytes, spawn=spawn)
+            out = FdWriter(out_fd, self._options().session_buffer_bytes, spawn=spawn)
             handed.clear()  # the session's now: _end_handoff closes them
         attaching = first.method == "mcpool/attach"
         via = "attach" if handoff else "attach-relay" if attaching else "socket"
-        state = self.open_session(
+        state = self._sessions.open_session(
             out,
             name=name,
             sources=sources,
@@ -441,7 +533,7 @@ class ConnectionServer(AdminApi):
         self,
         control_fd: int,
         control: FdWriter,
-        state: _SessionState,
+        state: SessionRecord,
         in_fd: int,
         out: FdWriter,
         client_closed: bool,
@@ -463,15 +555,19 @@ class ConnectionServer(AdminApi):
                 notification("mcpool/ended", {"reason": reason, "clientClosed": client_closed})
             )
 
-    def _attach_result(self, state: _SessionState, handoff: bool = False) -> dict[str, Any]:
-        result = {"session": state.session.id, "daemonPid": self.pid, "version": __version__}
+    def _attach_result(self, state: SessionRecord, handoff: bool = False) -> dict[str, Any]:
+        result = {
+            "session": state.session.id,
+            "daemonPid": self._process.pid,
+            "version": __version__,
+        }
         if handoff:
             result["handoff"] = True
         return result
 
     async def _run_session(
         self,
-        state: _SessionState,
+        state: SessionRecord,
         in_fd: int,
         writer: FdWriter,
         framer: LineFramer,
@@ -488,7 +584,7 @@ class ConnectionServer(AdminApi):
                 async with trio.open_nursery() as nursery:
                     session.on_close = lambda _s: nursery.cancel_scope.cancel()
                     session.spawn = nursery.start_soon  # a notifier task only while one is due
-                    nursery.start_soon(self.apply_to_session, state)
+                    nursery.start_soon(self._sessions.apply_to_session, state)
                     handle_line, feed = session.handle_line, framer.feed
                     partial, max_line = framer.buffer, framer.max_line
                     for line in pending:
@@ -530,80 +626,13 @@ class ConnectionServer(AdminApi):
                             handle_line(line)
                     session.close("the client disconnected")
             except* Exception as exc:
-                self._log_fault("serving a session", exc, session=session.id)
+                self._process.log_fault("serving a session", exc, session=session.id)
                 session.close("internal error in mcpool (see the daemon log)")
         finally:
-            self.close_session(state, "the client disconnected")
+            self._sessions.close_session(state, "the client disconnected")
         return client_closed
 
     async def _paced_detach(self) -> None:
         """Wait for a turn to close: at most DETACH_BATCH closes run between two passes of the
         loop over the other tasks (the turn is held across one checkpoint)."""
         await self._detach_pacer.turn()
-
-    def open_session(
-        self,
-        out: Any,
-        *,
-        name: str,
-        sources: list[str],
-        peer: Any,
-        cwd: str | None = None,
-        via: str = "socket",
-        env: dict[str, str] | None = None,
-        max_name_length: int | None = None,
-    ) -> _SessionState:
-        """A new session writing to `out`, registered with the daemon (socket and HTTP alike)."""
-        assert self.pool is not None
-        session = Session(
-            new_session_id(),
-            name=name,
-            cwd=cwd,
-            pool=self.pool,
-            out=out,
-            page_size=self.options.page_size,
-            log=lambda text, level="warning": self.log(level, text),
-            attached_at=time.time(),
-            log_enabled=self.journal.enabled,
-            logins=self.logins,
-            cursors=self.cursors,
-        )
-        session.set_name_budget(explicit=max_name_length, configured=self.options.max_name_length)
-        state = _SessionState(session, sources, via, env)
-        self.sessions[session.id] = state
-        if self.watched.add(sources):
-            self.watcher.watch(self.watched_files())
-        self.log("info", "session attached", session=session.id, name=name, peer=peer)
-        return state
-
-    def close_session(self, state: _SessionState, reason: str) -> None:
-        session = state.session
-        session.close(reason)
-        if self.sessions.pop(session.id, None) is state and self.watched.remove(state.sources):
-            watched = self.watched_files()
-            # A file no session reads any more is forgotten (it is read afresh if one attaches
-            # again): a daemon that lives for weeks must not keep every project it ever served.
-            for path in [p for p in self.files if p not in watched]:
-                del self.files[path]
-            self.watcher.watch(watched)
-        self.log("info", "session detached", session=session.id, reason=session.close_reason)
-
-    async def _serve_http(self) -> None:
-        """`--http`: the streamable HTTP endpoint; a bind failure stops the daemon (it was asked
-        for explicitly, and a daemon silently without it would look like a client bug)."""
-        from ._http import HttpEndpoint
-
-        assert self.http_bind is not None
-        host, port, allow_remote = self.http_bind
-        endpoint = HttpEndpoint(
-            self,
-            (host, port),
-            allow_remote=allow_remote,
-            options=lambda: self.options,
-        )
-        try:
-            await endpoint.serve()
-        except OSError as exc:
-            self.log("error", f"HTTP endpoint not started on {host}:{port}: {exc}")
-            sys.stderr.write(f"mcpool daemon: cannot serve HTTP on {host}:{port}: {exc}\n")
-            self.request_stop(EXIT_FAILED)  # asked for and not served: a failure, not a stop

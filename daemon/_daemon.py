@@ -1,10 +1,15 @@
-"""The daemon process: its state, its nurseries, signals, bounded shutdown and `main`.
+"""The daemon process: the objects it is made of, its nurseries, signals, bounded shutdown and
+`main`.
 
-The daemon's jobs live in rooms, one module each, chained as base classes of `Daemon` (each
-uses only what the rooms below it define): `_core` (the state every room reads, the log, how it
-stops, how a fenced fault is logged), `_hosting` (settings files, what each session desires,
-the reload gate), `_admin_api` (daemonctl's commands), `_explain` (`daemonctl explain`) and
-`_connections` (accepting, the first message, attach and the hand-off, serving a session).
+`Daemon` makes its parts and owns the nurseries they run in; each part owns its state and is
+given the parts it uses at construction (docs/architecture.md has the picture):
+- made at once: `DaemonProcess` (_core: identity, log, stop), `SettingsFiles` (_settings_files:
+  the files read, the daemon's options, what a session desires) and `AttachedSessions`
+  (_attached: the records of the sessions attached);
+- made in `run`, once the pool exists: `Pool`, `Logins` (_login), `DaemonLeases` and
+  `SettingsHost` (_hosting: reloads, the watcher), `Sessions` (_sessions: open and close, the
+  HTTP endpoint's `SessionHost`), `AdminApi` (_admin_api: daemonctl's handler table) and
+  `ConnectionServer` (_connections: accepting, attach and the hand-off, serving a session).
 
 Theory of operation: `Daemon.run` owns two nurseries. The pool's nursery holds one supervisor
 per upstream entry; the connection nursery holds the accept loop, the signal watcher and one
@@ -45,7 +50,6 @@ import gc
 import os
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -53,46 +57,23 @@ from typing import Any
 
 import trio
 
-from mcpool.pool import (
-    Guardian,
-    Handle,
-    Pool,
-)
+from mcpool.pool import Guardian, Pool
 from mcpool.session._cursors import CursorBook
 
 from . import _admin, _paths
-from ._admin_api import RESTART_WAIT, _forced_failure, _tail, _tree_rss  # noqa: F401
-from ._connections import (  # noqa: F401
-    _ATTACH,
-    CLOSE_LINGER,
-    EXIT_FAILED,
-    FIRST_MESSAGE_TIMEOUT,
-    HANDOFF_DRAIN_BOUND,
-    HANDOFF_FDS,
-    ConnectionServer,
-    DetachPacer,
-    _at_fd_limit,
-    _BridgeSockets,
-    _linger_close,
-    _recv_with_fds,
-    _usable_stdio,
-)
-from ._core import EXIT_STOPPED, _SessionState
+from ._admin_api import AdminApi
+from ._attached import AttachedSessions, SessionRecord
+from ._connections import ConnectionServer
+from ._core import EXIT_FAILED, EXIT_STOPPED, DaemonProcess
 from ._detach import StatusPipe
-from ._hosting import _DAEMON_LEASE, _DaemonLease  # noqa: F401
+from ._hosting import DaemonLeases, SettingsHost
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._login import Logins
-from ._settings import (
-    DaemonOptions,
-    LoadedFile,
-)
+from ._sessions import Sessions
+from ._settings import DaemonOptions
+from ._settings_files import SettingsFiles
 from ._snapshots import FileSnapshotStore
-from ._watch import SettingsWatcher
-from ._watched import WatchedFiles
-
-LOG_MEMORY_LINES = 2000  # what `daemonctl logs` shows of the daemon's own log
-
 
 GC_GEN0_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 
@@ -108,11 +89,6 @@ SHUTDOWN_DRAIN_BOUND = 1.0
 # Shutdown closes sessions in batches of this many, yielding between them: with thousands of
 # sessions the shutdown timeout can still cut in, and other tasks are not starved meanwhile.
 SHUTDOWN_CLOSE_BATCH = 100
-
-
-# Sessions whose clients left at once are closed this many per scheduler batch: a client closing
-# hundreds of sessions must not hold the loop from the sessions still calling (issue 17).
-DETACH_BATCH = 4
 
 
 def main(argv: list[str]) -> int:
@@ -211,100 +187,142 @@ def _main(argv: list[str], status: StatusPipe) -> int:
             os.close(daemon.listen.lock_fd)  # the one it holds now (a new one after re-creation)
 
 
-class Daemon(ConnectionServer):
-    """One per user: `run` is the process; the rooms it inherits from do the work."""
+class Daemon:
+    """One per user: `run` is the process. It makes the daemon's parts and owns their nurseries."""
 
     def __init__(self, sock_path: str, config_path: str, log_level: str | None = None) -> None:
-        self.sock_path = sock_path
-        self.config_path = config_path
-        self.pid = os.getpid()
-        self.started_wall = time.time()
-        self.started = 0.0
-        self.files: dict[str, LoadedFile] = {}
-        self.sessions: dict[str, _SessionState] = {}
-        # The config plus every session's sources, counted per session (O(1) attach/detach).
-        self.watched = WatchedFiles([config_path])
-        self.settings_generation = 0
-        self.reload_gate = trio.Lock()
-        self._detach_pacer = DetachPacer(DETACH_BATCH)
-        self.stop_requested = trio.Event()
-        self.exit_status = EXIT_STOPPED  # set by the first reason to stop (`request_stop`)
-        self._shared_nursery: trio.Nursery | None = None  # the accept loop's, for the test hook
-        self.admin_commands = dict(_admin.COMMANDS)
-        if os.environ.get(_admin.TEST_HOOKS_ENV) == "1":
-            self.admin_commands.update(_admin.TEST_COMMANDS)
-        self._admin_handlers = self.admin_handler_table()
-        self.log_lines: collections.deque[str] = collections.deque(maxlen=LOG_MEMORY_LINES)
-        self.notes: list[str] = []
-        self._cli_log_level = log_level
-        self.journal = JsonLinesLog(level=log_level or "info")
-        self.options = DaemonOptions()
-        self.pool: Pool | None = None
-        self.guardian: Guardian | None = None
-        self.watcher = SettingsWatcher(self.files_changed, self.stale_files, log=self.log)
-        self.bridges = _BridgeSockets(DETACH_BATCH)
-        self._linger: set[int] = set()  # connections closed for an error: half-close and drain
+        self.process = DaemonProcess(sock_path, log_level)
+        self.settings = SettingsFiles(config_path, self.process)
+        self.attached = AttachedSessions()
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
         self.http_bind: tuple[str, int, bool] | None = None
         # main() gives it the flock it took for this socket; it may have to take a new one.
-        self.listen = ListenSocket(sock_path, None, self.log)
+        self.listen = ListenSocket(sock_path, None, self.process.log)
         self.fd_reserve = FdReserve()
-        self.logins = Logins(self)  # OAuth (issue 16): the token broker and logins running
         # Every list a session was served with a next page, for its cursors (issue 29 item 6):
         # one book for all sessions, since pages are cached on lists sessions share.
         self.cursors: CursorBook[tuple[dict[str, Any], ...]] = CursorBook(trio.current_time)
-        # The daemon's own leases on the user file's `"start": "always"` servers (L6).
-        self.kept: dict[str, Handle] = {}
+        self.commands = dict(_admin.COMMANDS)
+        if os.environ.get(_admin.TEST_HOOKS_ENV) == "1":
+            self.commands.update(_admin.TEST_COMMANDS)
         # Told the pid once the socket listens: main() gives it the starter's status pipe.
         self.serving: Callable[[int], None] = lambda pid: None
         self.failure = ""  # why `run` failed, in one line (for a starter still waiting)
+        self.ready = trio.Event()  # set once the socket listens and the parts are made
+        self._pool: Pool | None = None
+
+    # -- what tests and main() read ------------------------------------------------------------
+
+    @property
+    def sock_path(self) -> str:
+        return self.process.sock_path
+
+    @property
+    def config_path(self) -> str:
+        return self.settings.config_path
+
+    @property
+    def journal(self) -> JsonLinesLog:
+        return self.process.journal
+
+    @property
+    def log_lines(self) -> collections.deque[str]:
+        return self.process.log_lines
+
+    @property
+    def options(self) -> DaemonOptions:
+        return self.settings.options
+
+    @property
+    def sessions(self) -> dict[str, SessionRecord]:
+        return self.attached.by_id
+
+    @property
+    def pool(self) -> Pool:
+        """The running daemon's pool (`ready` is set once there is one)."""
+        if self._pool is None:
+            raise RuntimeError("the daemon is not running")
+        return self._pool
+
+    def request_stop(self, status: int = EXIT_STOPPED) -> None:
+        self.process.request_stop(status)
+
+    # -- the process ---------------------------------------------------------------------------
 
     async def run(self) -> int:
-        self.started = trio.current_time()
-        self.load_file(self.config_path)
-        self.apply_daemon_options()
+        process = self.process
+        log = process.log
+        process.started = trio.current_time()
+        self.settings.load_file(self.config_path)
+        self.settings.apply_daemon_options()
         # Everything imported so far lives as long as the process: keep it out of collections,
         # and collect the young generation less often (each relayed call allocates a few
         # short-lived objects; frequent gen-0 passes showed up as latency tails).
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-        self.guardian = Guardian()
+        guardian = Guardian()
+        connections: ConnectionServer | None = None
         try:
             async with trio.open_nursery() as pool_nursery:
-                self.pool = Pool(
+                pool = self._pool = Pool(
                     pool_nursery,
-                    self._pool_options(),
-                    guardian=self.guardian,
-                    log=self.log,
-                    snapshots=FileSnapshotStore(_paths.snapshots_dir(), self.log),
+                    self.settings.pool_options(),
+                    guardian=guardian,
+                    log=log,
+                    snapshots=FileSnapshotStore(_paths.snapshots_dir(), log),
                 )
-                pool_nursery.start_soon(self.guardian.watch, self.log)
-                self.keep_always()
+                pool_nursery.start_soon(guardian.watch, log)
+                # OAuth (issue 16): the token broker and logins running; made before any server
+                # starts, since every HTTP upstream's OAuth goes through its broker.
+                logins = Logins(pool, self.settings, log)
+                leases = DaemonLeases(pool, self.settings, log)
+                host = SettingsHost(self.settings, self.attached, pool, leases, log)
+                sessions = Sessions(
+                    self.attached, host, pool, process, logins=logins, cursors=self.cursors
+                )
+                leases.keep_always()
                 if self.options.prewarm:
-                    self.prewarm()
+                    leases.prewarm()
                 async with trio.open_nursery() as conn_nursery:
-                    self._shared_nursery = conn_nursery
+                    admin = AdminApi(
+                        process,
+                        host,
+                        self.attached,
+                        pool,
+                        logins,
+                        cursors=self.cursors,
+                        spawn_shared=conn_nursery.start_soon,
+                        commands=self.commands,
+                    )
+                    connections = ConnectionServer(
+                        process,
+                        sessions,
+                        admin,
+                        self.listen,
+                        self.fd_reserve,
+                        options=lambda: self.settings.options,
+                    )
                     # Signals first: once the socket answers, SIGTERM or SIGINT is a stop (exit 0),
                     # never the default death or a KeyboardInterrupt in whichever task runs.
-                    await conn_nursery.start(self._watch_signals)
+                    await conn_nursery.start(self._watch_signals, host)
                     self.listen.bind()
-                    self.log("info", "daemon started", pid=self.pid, socket=self.sock_path)
-                    self.serving(self.pid)
-                    conn_nursery.start_soon(self._accept_loop)
+                    log("info", "daemon started", pid=process.pid, socket=self.sock_path)
+                    self.serving(process.pid)
+                    conn_nursery.start_soon(connections.run)
                     conn_nursery.start_soon(self.listen.run, self._stop_for)
-                    conn_nursery.start_soon(self.bridges.run)
-                    conn_nursery.start_soon(self.logins.run)
-                    self.watcher.watch(self.watched_files())
-                    conn_nursery.start_soon(self.watcher.run)
+                    conn_nursery.start_soon(logins.run)
+                    host.watcher.watch(self.settings.watched_files())
+                    conn_nursery.start_soon(host.watcher.run)
                     if self.http_bind is not None:
-                        conn_nursery.start_soon(self._serve_http)
-                    await self.stop_requested.wait()
-                    self.log("info", "shutting down")
-                    self.watcher.close()
+                        conn_nursery.start_soon(self._serve_http, sessions)
+                    self.ready.set()
+                    await process.stop_requested.wait()
+                    log("info", "shutting down")
+                    host.watcher.close()
                     self.listen.close()
                     with trio.move_on_after(self.options.shutdown_timeout, shield=True) as scope:
-                        closing = list(self.sessions.values())
+                        closing = list(self.attached)
                         for i, st in enumerate(closing, 1):
                             # Answers every request in flight with an error naming the reason.
                             st.session.close("the daemon is shutting down")
@@ -314,13 +332,13 @@ class Daemon(ConnectionServer):
                             for st in closing:
                                 await st.session.out.wait_drained()
                         conn_nursery.cancel_scope.cancel()
-                        await self.pool.aclose()
+                        await pool.aclose()
                     if scope.cancelled_caught:
-                        self.log("warning", "shutdown timed out; remaining upstreams are killed")
-                        self.pool.kill_all()
+                        log("warning", "shutdown timed out; remaining upstreams are killed")
+                        pool.kill_all()
                         # SIGKILL cannot be ignored: this only lets the supervisors reap.
                         with trio.move_on_after(KILL_REAP_BOUND, shield=True):
-                            await self.pool.aclose()
+                            await pool.aclose()
                 pool_nursery.cancel_scope.cancel()
         except Exception as exc:  # a bug in a task every session depends on: say it, exit 1
             self._failed(exc)
@@ -330,40 +348,59 @@ class Daemon(ConnectionServer):
                 with contextlib.suppress(OSError):
                     os.unlink(self.sock_path)
             self.fd_reserve.close()
-            if self.guardian is not None:
-                self.guardian.close()
-            self.bridges.close()
-            self.log("info", "daemon stopped", exit_status=self.exit_status)
-        return self.exit_status
+            guardian.close()
+            log("info", "daemon stopped", exit_status=process.exit_status)
+        return process.exit_status
 
     def _failed(self, exc: BaseException) -> None:
         """An unexpected error ended the daemon: its traceback goes to the daemon log and to
         stderr (systemd's journal), and the exit status says it failed."""
-        self.exit_status = EXIT_FAILED
+        self.process.exit_status = EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
         leaf = exc
         while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
             leaf = leaf.exceptions[0]
         summary = f"{type(leaf).__name__}: {leaf}"
         self.failure = summary
-        self.log("error", f"daemon failed: {summary}", traceback=text)
+        self.process.log("error", f"daemon failed: {summary}", traceback=text)
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(f"mcpool daemon: failed: {summary}\n{text}")
             sys.stderr.flush()
 
     def _stop_for(self, reason: str) -> None:
-        self.log("info", f"stopping: {reason}")
-        self.request_stop()
+        self.process.log("info", f"stopping: {reason}")
+        self.process.request_stop()
 
     async def _watch_signals(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, host: SettingsHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        log = self.process.log
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             task_status.started()
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    self.log("info", "SIGHUP: reloading settings")
-                    await self._reload_fenced("SIGHUP")
+                    log("info", "SIGHUP: reloading settings")
+                    await host.reload_fenced("SIGHUP")
                 else:
-                    self.log("info", f"received {signal.Signals(signum).name}")
-                    self.request_stop()
+                    log("info", f"received {signal.Signals(signum).name}")
+                    self.process.request_stop()
+
+    async def _serve_http(self, sessions: Sessions) -> None:
+        """`--http`: the streamable HTTP endpoint; a bind failure stops the daemon (it was asked
+        for explicitly, and a daemon silently without it would look like a client bug)."""
+        from ._http import HttpEndpoint
+
+        assert self.http_bind is not None
+        host, port, allow_remote = self.http_bind
+        endpoint = HttpEndpoint(
+            sessions,
+            (host, port),
+            allow_remote=allow_remote,
+            options=lambda: self.settings.options,
+        )
+        try:
+            await endpoint.serve()
+        except OSError as exc:
+            self.process.log("error", f"HTTP endpoint not started on {host}:{port}: {exc}")
+            sys.stderr.write(f"mcpool daemon: cannot serve HTTP on {host}:{port}: {exc}\n")
+            self.process.request_stop(EXIT_FAILED)  # asked for and not served: a failure

@@ -23,14 +23,14 @@ from mcpool.session import (
     user_name_forms,
 )
 
-from ._core import _SessionState
+from ._attached import SessionRecord
 from ._settings import LoadedFile
 
 
 def explain(
-    st: _SessionState,
+    st: SessionRecord,
     name: str,
-    sessions: Mapping[str, _SessionState],
+    sessions: Mapping[str, SessionRecord],
     entries: Iterable[PoolEntry],
     files: Mapping[str, LoadedFile],
 ) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def _items(snapshot: Any) -> list[tuple[str, str]]:
     return [(kind, name) for kind, name in items if isinstance(name, str)]
 
 
-def _absent_server(st: _SessionState, server: str, files: Mapping[str, LoadedFile]) -> str:
+def _absent_server(st: SessionRecord, server: str, files: Mapping[str, LoadedFile]) -> str:
     for path in reversed(st.sources):
         loaded = files.get(path)
         entry = loaded.servers.get(server) if loaded is not None else None

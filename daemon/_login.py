@@ -25,24 +25,22 @@ from __future__ import annotations
 import argparse
 import sys
 import webbrowser
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from mcpool.pool import identity_of
+from mcpool.pool import Pool, identity_of
 from mcpool.pool._oauth import LOGIN_TIMEOUT, Broker, OAuthError, install, login_failure
 from mcpool.pool._tokens import TokenStore
 from mcpool.protocol import INVALID_PARAMS, McpoolError
 from mcpool.session._login_notice import LoginStarted
 
 from . import _paths
-from ._settings import settings_base_dir
+from ._settings import LoadedFile, settings_base_dir
 
 if TYPE_CHECKING:
     from mcpool.pool import PoolEntry, TransportIdentity
-
-    from ._ctl import AdminClient
-    from ._daemon import Daemon
 
 # `login` answers once the flow has its authorization URL: discovery and registration are a
 # few requests to the servers, each bounded by the flow's own request timeout.
@@ -82,10 +80,29 @@ class _SessionLogin:
         return self._running.result is not None and self._running.error is None
 
 
+class SettingsRead(Protocol):
+    """Which settings the daemon has read: where a login looks a server up by name."""
+
+    config_path: str
+    files: dict[str, LoadedFile]
+
+
+class AdminCalls(Protocol):
+    """What the daemonctl commands need of their admin connection (daemon/_ctl.py)."""
+
+    path: str
+
+    def call(self, command: str, params: dict[str, Any]) -> Any: ...
+
+
 class Logins:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.broker = Broker(TokenStore(_paths.state_dir() / "oauth"), log=daemon.log)
+    """Made once the pool exists (`Daemon.run`), before any server starts: it installs the
+    broker every HTTP upstream's OAuth goes through."""
+
+    def __init__(self, pool: Pool, settings: SettingsRead, log: Callable[..., None]) -> None:
+        self._pool = pool
+        self._settings = settings
+        self.broker = Broker(TokenStore(_paths.state_dir() / "oauth"), log=log)
         self.broker.on_authorized = self._reconnect
         install(self.broker)  # before any session can start an HTTP upstream
         self._nursery: trio.Nursery | None = None
@@ -105,16 +122,16 @@ class Logins:
     def identity(self, name: str) -> TransportIdentity:
         """The entry of that name that waits for a login, else any entry of it, else the
         server of that name in the settings files the daemon has read."""
-        pool = self.daemon.pool
-        entries = [e for e in pool.entries() if e.name == name] if pool is not None else []
+        entries = [e for e in self._pool.entries() if e.name == name]
         for entry in entries:
             if self.shown_state(entry) == "needs-login":
                 return entry.identity
         for entry in entries:
             if Broker.key_of(entry.identity) is not None:
                 return entry.identity
-        config = self.daemon.config_path
-        for path, loaded in sorted(self.daemon.files.items(), key=lambda kv: kv[0] != config):
+        config = self._settings.config_path
+        files = self._settings.files
+        for path, loaded in sorted(files.items(), key=lambda kv: kv[0] != config):
             settings = loaded.servers.get(name)
             if settings is None:
                 continue
@@ -138,12 +155,9 @@ class Logins:
         return self.broker.shown_state(entry.identity) or entry.state.value
 
     def _reconnect(self, key: str) -> None:
-        pool = self.daemon.pool
-        if pool is None:
-            return
-        for entry in pool.entries():
+        for entry in self._pool.entries():
             if Broker.key_of(entry.identity) == key:
-                pool.restart_entry(entry)
+                self._pool.restart_entry(entry)
 
     # -- admin requests ------------------------------------------------------------------------
 
@@ -228,7 +242,7 @@ def add_commands(add: Any) -> None:
     logout.add_argument("name", metavar="NAME")
 
 
-def cmd_login(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+def cmd_login(client: AdminCalls, args: argparse.Namespace, as_json: bool) -> int:
     from ._ctl import EXIT_FAILED, EXIT_OK, AdminClient, _print_json, progress
 
     started = client.call("login", {"name": args.name})
@@ -262,7 +276,7 @@ def cmd_login(client: AdminClient, args: argparse.Namespace, as_json: bool) -> i
     return EXIT_OK if result.get("authorized") else EXIT_FAILED
 
 
-def cmd_logout(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+def cmd_logout(client: AdminCalls, args: argparse.Namespace, as_json: bool) -> int:
     from ._ctl import EXIT_OK, _print_json
 
     result = client.call("logout", {"name": args.name})

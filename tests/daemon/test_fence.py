@@ -19,6 +19,7 @@ from e2e.harness import raw_socket_client
 from e2e.in_process import running_daemon
 from e2e.support import raw_attach
 
+from mcpool.daemon._connections import ConnectionServer
 from mcpool.daemon._daemon import Daemon
 from mcpool.session import Session
 
@@ -74,14 +75,14 @@ async def test_an_unexpected_error_in_one_session_ends_that_connection_only(
 async def test_an_unexpected_error_opening_a_connection_ends_that_connection_only(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = Daemon._open_connection_session
+    real = ConnectionServer._open_connection_session
 
-    def sabotaged(self: Daemon, fd: int, writer: Any, first: Any, *args: Any) -> Any:
+    def sabotaged(self: ConnectionServer, fd: int, writer: Any, first: Any, *args: Any) -> Any:
         if b"doomed" in bytes(first.params):
             raise KeyError("a bug, injected by the test")
         return real(self, fd, writer, first, *args)
 
-    monkeypatch.setattr(Daemon, "_open_connection_session", sabotaged)
+    monkeypatch.setattr(ConnectionServer, "_open_connection_session", sabotaged)
     config = daemon.config_path
     async with raw_socket_client(daemon.sock_path) as bystander:
         await raw_attach(bystander, [config], "bystander")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import trio
 
@@ -27,10 +26,9 @@ async def running_daemon(d: Daemon) -> AsyncIterator[Daemon]:
 
         nursery.start_soon(run)
         with trio.fail_after(STEP_TIMEOUT):
-            while not Path(d.sock_path).exists() or d.pool is None:
-                await trio.sleep(0.01)
+            await d.ready.wait()
         yield d
-        d.stop_requested.set()
+        d.request_stop()
         with trio.fail_after(STEP_TIMEOUT + d.options.shutdown_timeout):
             while not status:
                 await trio.sleep(0.01)
