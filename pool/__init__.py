@@ -9,7 +9,6 @@ from ._entry import (
     EntryState,
     Handle,
     PoolEntry,
-    Snapshot,
     close_deadline,
     next_idle_since,
     transition,
@@ -28,6 +27,7 @@ from ._pool import (
     is_crash_loop,
 )
 from ._reuse import spliced
+from ._snapshot import Snapshot
 from ._snapshots import (
     SNAPSHOT_FORMAT,
     EncodedList,

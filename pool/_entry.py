@@ -27,6 +27,7 @@ from mcpool.protocol import Message
 
 from ._reuse import KnownItems
 from ._shared import SharedCounts
+from ._snapshot import Snapshot
 from ._spec import ServerSettings, TransportIdentity
 
 if TYPE_CHECKING:
@@ -140,26 +141,6 @@ class EntryKey(msgspec.Struct, frozen=True):
     @property
     def lifecycle_id(self) -> str:
         return f"{self.name}::{self.discriminator}"
-
-
-class Snapshot(msgspec.Struct, frozen=True):
-    """What an entry's upstream offers, at one generation. Items are decoded upstream objects,
-    shared by every view and never mutated (views clone what they change)."""
-
-    generation: int
-    available: bool = False
-    tools: tuple[dict[str, Any], ...] = ()
-    prompts: tuple[dict[str, Any], ...] = ()
-    resources: tuple[dict[str, Any], ...] = ()
-    resource_templates: tuple[dict[str, Any], ...] = ()
-    instructions: str | None = None
-    capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
-    # From the snapshot store (what the server offered last time), not yet this process's own
-    # discovery: the process is still starting.
-    cached: bool = False
-    # What the upstream listed that could not be used (malformed items, left out), one line per
-    # list ("tools/list: ..."): shown by `daemonctl status` and `servers --json` (issue 15, 8).
-    notes: tuple[str, ...] = ()
 
 
 # What a handle's listener is told, as an upstream notification of this (mcpool's own) method,

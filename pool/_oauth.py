@@ -40,7 +40,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -48,13 +48,13 @@ import trio
 
 from mcpool.protocol import LATEST_HANDSHAKE, McpoolError, UpstreamUnavailable
 
+from ._oauth_settings import OAuthSettings, oauth_identity
 from ._peercred import RefusalTally, peer_uid_off_loop
+from ._spec import TransportIdentity, printable
 from ._tokens import TokenRecord, TokenStore, token_key
 
 if TYPE_CHECKING:
     import httpx2
-
-    from ._spec import TransportIdentity
 
 # An access token is refreshed this long before the server says it expires (clock skew, and
 # the time a request takes), or at half its lifetime when that is shorter.
@@ -98,34 +98,6 @@ Step = Literal["discovery", "registration", "authorization", "token", "refresh"]
 _sdk_log = logging.getLogger("mcp.client.auth")
 _sdk_log.addHandler(logging.NullHandler())
 _sdk_log.propagate = False
-
-
-class OAuthSettings(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
-    """An entry's `"oauth"` object, the shape gemini-cli and Claude Code use. Unknown fields
-    (gemini's authorizationUrl, tokenUrl, audiences...) are ignored: discovery finds those."""
-
-    enabled: bool = True
-    client_id: str | None = None
-    client_secret: str | None = None
-    scopes: list[str] | None = None
-    callback_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
-    # A client ID metadata document (an https URL with a path) to use as the client_id when
-    # the authorization server supports them, instead of registering.
-    client_metadata_url: str | None = None
-
-    def __post_init__(self) -> None:
-        # Checked here so that the settings file's error names it, not a failed connection.
-        url = urlsplit(self.client_metadata_url) if self.client_metadata_url else None
-        if url is not None and (url.scheme != "https" or url.path in ("", "/")):
-            raise ValueError("clientMetadataUrl must be an https URL with a path")
-
-
-_canonical = msgspec.json.Encoder(order="deterministic")
-
-
-def oauth_identity(settings: OAuthSettings | None) -> str | None:
-    """The canonical form of an entry's OAuth settings, part of its transport identity."""
-    return None if settings is None else _canonical.encode(settings).decode()
 
 
 def oauth_settings_of(identity: TransportIdentity) -> OAuthSettings | None:
@@ -181,8 +153,6 @@ class OAuthError(UpstreamUnavailable):
 
 def one_line(text: str, limit: int = MAX_DETAIL) -> str:
     """`text` as one printable line of at most `limit` characters."""
-    from ._spec import printable  # (_spec imports this module)
-
     flat = printable(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 

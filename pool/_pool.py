@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import trio
@@ -42,7 +42,6 @@ from ._entry import (
     EntryState,
     Handle,
     PoolEntry,
-    Snapshot,
     close_deadline,
     next_idle_since,
 )
@@ -50,6 +49,7 @@ from ._guardian import Guardian
 from ._items import json_type, malformed_item, malformed_note
 from ._oauth import needs_login, oauth_failure
 from ._reuse import KnownItems
+from ._snapshot import Snapshot
 from ._snapshots import (
     EncodedList,
     SnapshotStore,
@@ -119,6 +119,54 @@ def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.
 
 def is_crash_loop(failure_times: list[float], *, now: float, window: float, limit: int) -> bool:
     return sum(1 for t in failure_times if now - t <= window) >= limit
+
+
+class AfterFailure(NamedTuple):
+    """What to do once an entry's connection failed (`after_failure`)."""
+
+    event: EntryEvent  # GIVE_UP, NEEDS_LOGIN, CRASH_LOOP or CRASHED
+    failures: list[float]  # the failure times still in the crash-loop window, this one last
+    crash_looped: bool
+    # Seconds to rest before the next start (a restart request cuts it short); inf: no start
+    # until a restart is asked for (given up, or waiting for the user's login).
+    rest: float
+
+
+def after_failure(
+    *,
+    now: float,
+    failures: list[float],
+    up_since: float | None,
+    crash_looped: bool,
+    cannot_start: bool,
+    needs_login: bool,
+    stdio: bool,
+    options: PoolOptions,
+    rng: random.Random,
+) -> AfterFailure:
+    """The restart decision, pure: a failure no retry fixes gives up; one that needs a login
+    waits for it; a local server that keeps dying rests for the cooldown (and one that fails
+    again after such a retry goes straight back); anything else is retried after the backoff
+    (a remote server that is down is waited for at the backoff cap). `rng` jitters the
+    backoff, and is drawn from for a backoff only."""
+    window = options.crash_loop_window
+    if up_since is not None and now - up_since >= window:
+        # It stayed up: whatever crash-looped it before is history.
+        failures, crash_looped = [], False
+    failures = [t for t in [*failures, now] if now - t <= window]
+    if cannot_start:
+        return AfterFailure(EntryEvent.GIVE_UP, failures, crash_looped, math.inf)
+    if needs_login:
+        return AfterFailure(EntryEvent.NEEDS_LOGIN, failures, crash_looped, math.inf)
+    if stdio and (
+        crash_looped
+        or is_crash_loop(failures, now=now, window=window, limit=options.crash_loop_failures)
+    ):
+        return AfterFailure(EntryEvent.CRASH_LOOP, failures, True, options.crash_loop_cooldown)
+    rest = backoff_delay(
+        len(failures), initial=options.backoff_initial, maximum=options.backoff_max, rng=rng
+    )
+    return AfterFailure(EntryEvent.CRASHED, failures, crash_looped, rest)
 
 
 def attach_retry_due(failure_times: list[float], *, now: float, interval: float) -> bool:
@@ -543,13 +591,18 @@ class Pool:
                 entry.fire(EntryEvent.RESTART)
                 continue
             now = trio.current_time()
-            window = self.options.crash_loop_window
-            if entry.up_since is not None and now - entry.up_since >= window:
-                # It stayed up: whatever crash-looped it before is history.
-                entry.failures.clear()
-                entry.crash_looped = False
-            entry.failures.append(now)
-            entry.failures = [t for t in entry.failures if now - t <= window]
+            decision = after_failure(
+                now=now,
+                failures=entry.failures,
+                up_since=entry.up_since,
+                crash_looped=entry.crash_looped,
+                cannot_start=entry.cannot_start,
+                needs_login=entry.needs_login,
+                stdio=entry.identity.kind == "stdio",
+                options=self.options,
+                rng=self._rng,
+            )
+            entry.failures, entry.crash_looped = decision.failures, decision.crash_looped
             entry.last_error = error or "exited"
             started = entry.up_since is not None
             self.log(
@@ -560,42 +613,24 @@ class Pool:
             )
             entry.ready.set()
             entry.settle_waiters(f"server '{entry.name}' failed to start: {entry.last_error}")
-            # A remote server that is down is waited for (at the backoff cap); a local one that
-            # keeps dying rests for the cooldown (or until a session attaches, a restart or a
-            # settings change), and one that fails again after a retry goes straight back.
-            if entry.cannot_start:  # no retry fixes it: failed, with the reason, until closed
-                entry.fire(EntryEvent.GIVE_UP)
-                while not entry.closing:  # (closing sets it; a restart of a failed one does not)
+            entry.fire(decision.event)
+            if decision.event is EntryEvent.GIVE_UP:
+                # Failed, with the reason, until closed (closing sets restart_requested; a
+                # restart of a failed one does not end this wait).
+                while not entry.closing:
                     await entry.restart_requested.wait()
                     entry.restart_requested = trio.Event()
                 return
-            if entry.needs_login:  # retrying cannot help: the user's login restarts it
-                entry.fire(EntryEvent.NEEDS_LOGIN)
+            if decision.event is EntryEvent.NEEDS_LOGIN:
                 for handle in list(entry.handles.values()):  # their sessions tell their clients
                     handle.listener.upstream_notification(entry, LOGIN_NEEDED, UNSET)
                 await entry.restart_requested.wait()
-            elif entry.identity.kind == "stdio" and (
-                entry.crash_looped
-                or is_crash_loop(
-                    entry.failures, now=now, window=window, limit=self.options.crash_loop_failures
-                )
-            ):
-                entry.crash_looped = True
-                entry.fire(EntryEvent.CRASH_LOOP)
-                entry.retry_at = now + self.options.crash_loop_cooldown
-                with trio.move_on_at(entry.retry_at):
+            else:
+                if decision.event is EntryEvent.CRASH_LOOP:
+                    entry.retry_at = now + decision.rest
+                with trio.move_on_at(now + decision.rest):
                     await entry.restart_requested.wait()
                 entry.retry_at = None
-            else:
-                entry.fire(EntryEvent.CRASHED)
-                delay = backoff_delay(
-                    len(entry.failures),
-                    initial=self.options.backoff_initial,
-                    maximum=self.options.backoff_max,
-                    rng=self._rng,
-                )
-                with trio.move_on_after(delay):
-                    await entry.restart_requested.wait()
             if entry.closing:
                 return
             entry.restarts += 1

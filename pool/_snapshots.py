@@ -21,8 +21,8 @@ import msgspec
 
 from mcpool.protocol import strip_own_meta
 
-from ._entry import Snapshot
 from ._items import malformed_item
+from ._snapshot import Snapshot
 
 # A list already encoded as JSON: the pieces (the upstream's page bytes) that, joined, make it.
 EncodedList = tuple[bytes | memoryview, ...]

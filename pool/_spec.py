@@ -22,7 +22,7 @@ from msgspec import UNSET, UnsetType
 
 from mcpool.protocol import SettingsError
 
-from ._oauth import OAuthSettings, oauth_identity
+from ._oauth_settings import OAuthSettings, oauth_identity
 
 TransportKind = Literal["stdio", "http", "sse"]
 Scope = Literal["shared", "workspace", "session"]
