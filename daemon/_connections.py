@@ -585,8 +585,11 @@ class ConnectionServer:
                     session.on_close = lambda _s: nursery.cancel_scope.cancel()
                     session.spawn = nursery.start_soon  # a notifier task only while one is due
                     nursery.start_soon(self._sessions.apply_to_session, state)
-                    handle_line, feed = session.handle_line, framer.feed
-                    partial, max_line = framer.buffer, framer.max_line
+                    handle_line, feed, whole_line = (
+                        session.handle_line,
+                        framer.feed,
+                        framer.whole_line,
+                    )
                     for line in pending:
                         handle_line(line)
                     while not session.closed:
@@ -604,19 +607,10 @@ class ConnectionServer:
                             client_closed = True
                             await self._paced_detach()
                             break
-                        if not partial and data[-1] == 10:
-                            # `feed`'s one-line branch, inlined (every call): one whole,
-                            # non-blank line without a CR; anything else goes to `feed`.
-                            line = data[:-1]
-                            if (
-                                10 not in line
-                                and len(line) <= max_line
-                                and line
-                                and line[-1] != 13
-                                and not line.isspace()
-                            ):
-                                handle_line(line)
-                                continue
+                        one = whole_line(data)  # the hot path: one whole line, one read
+                        if one is not None:
+                            handle_line(one)
+                            continue
                         try:
                             lines = feed(data)
                         except MessageTooLarge as exc:

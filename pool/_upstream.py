@@ -1061,7 +1061,7 @@ class StdioUpstream(Upstream):
     async def _read_stdout(self, fd: int) -> None:
         framer = LineFramer(self._max_line)
         feed, dispatch = framer.feed, self._dispatch
-        partial, max_line = framer.buffer, self._max_line
+        whole_line = framer.whole_line
         widened = whole = False
         while True:
             # `read_some`, inlined: one coroutine less per message every session of this
@@ -1101,28 +1101,13 @@ class StdioUpstream(Upstream):
                 # One whole line of many chunks (a long list page): dispatched with its newline
                 # (the decoders and `split_result` take a trailing blank) rather than copied
                 # without it, 530 KB more each relist.
-                whole = (
-                    not partial
-                    and data[-1] == 10
-                    and len(data) - 1 <= max_line
-                    and data.find(b"\n", 0, len(data) - 1) < 0
-                    and data[-2] != 13
-                    and not data.isspace()
-                )
+                whole = framer.is_whole_line(data)
             if whole:
                 whole = False
                 dispatch(data)
             elif data:
-                line = data[:-1] if not partial and data[-1] == 10 else b""
-                if (
-                    line
-                    and 10 not in line
-                    and len(line) <= max_line
-                    and line[-1] != 13
-                    and not line.isspace()
-                ):
-                    # `feed`'s one-line branch, inlined (every answer): one whole, non-blank
-                    # line without a CR; anything else goes to `feed`.
+                line = whole_line(data)  # the hot path: one whole line, one read
+                if line is not None:
                     dispatch(line)
                 else:
                     try:

@@ -32,13 +32,43 @@ class LineFramer:
     def max_line(self) -> int:
         return self._max_line
 
-    @property
-    def buffer(self) -> bytearray:
-        """The incomplete tail itself (the same object for the framer's life, emptied and
-        filled in place): a read loop that finds it empty and reads one whole line may take
-        the line itself, as `feed`'s first branch would, without the call (see the session's
-        and the upstream's read loops). Once `feed` has raised, it must not be used."""
-        return self._buf
+    def whole_line(self, data: bytes) -> bytes | None:
+        """`data` as the one line `feed` would give for it, when nothing is buffered and `data`
+        is exactly one whole, non-blank line within the limit and without a CR; None for
+        anything else (then `feed` decides). The hot path of every read loop: a relayed call is
+        two of these. Read loops call it first and `feed` only on None; `feed` starts with it,
+        so the rule is here once (tests/protocol/test_framing.py compares the two)."""
+        if self._buf or not data or data[-1] != 10:  # b"\n"
+            return None
+        line = data[:-1]
+        # `10 in`, an int: one memchr. A bytes needle (`b"\n" in`) first formats a TypeError for
+        # not being an int (~2,000 instructions), and find() parses its arguments (~1,000).
+        # isspace() is False for b"", and stops at the first non-blank byte of a message.
+        if (
+            10 in line
+            or len(line) > self._max_line
+            or not line
+            or line[-1] == 13  # b"\r"
+            or line.isspace()
+        ):
+            return None
+        return line
+
+    def is_whole_line(self, data: bytes) -> bool:
+        """Whether `whole_line` would give a line for `data`, without copying it: for a line of
+        many reads (a long list page) that its reader takes with its newline (0.5 MB not copied
+        each relist). A second form of the same rule, kept beside it and compared with `feed` by
+        the same test; its `find` costs more than `whole_line`'s `in`, which runs on every call."""
+        end = len(data) - 1
+        return (
+            not self._buf
+            and end > 0
+            and data[-1] == 10
+            and end <= self._max_line
+            and data.find(b"\n", 0, end) < 0
+            and data[-2] != 13
+            and not data.isspace()
+        )
 
     def pending(self) -> int:
         """Bytes of an incomplete line buffered so far."""
@@ -48,21 +78,10 @@ class LineFramer:
         """The complete, non-blank lines that `data` finishes, without their line endings."""
         if self._failed_size is not None:
             raise MessageTooLarge(limit=self._max_line, size=self._failed_size)
+        line = self.whole_line(data)
+        if line is not None:
+            return [line]
         buf = self._buf
-        if not buf and data and data[-1] == 10:  # b"\n"
-            line = data[:-1]
-            # `10 in`, an int: one memchr. A bytes needle (`b"\n" in`) first formats a
-            # TypeError for not being an int (~2,000 instructions), and find() parses its
-            # arguments (~1,000): this runs twice per relayed call.
-            if 10 not in line:
-                # The hot path: one whole line in one read (a relayed call is two of these).
-                # One copy (the slice), no list of pieces.
-                if len(line) > self._max_line:
-                    self._fail(len(line))
-                if line and line[-1] == 13:  # b"\r"
-                    line = line[:-1]
-                # isspace() is False for b"", and stops at the first non-blank byte of a message.
-                return [line] if line and not line.isspace() else []
         end = data.find(b"\n")
         if end < 0:
             buf += data

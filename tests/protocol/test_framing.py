@@ -211,3 +211,41 @@ def test_lines_are_bytes() -> None:
     for chunk in (b"one\n", b"tw", b"o\nthree\nfo", b"ur\n"):
         for line in framer.feed(chunk):
             assert type(line) is bytes
+
+
+# -- the read loops' fast path equals `feed` (issue 27 item 3) ------------------------------------
+
+
+@given(
+    st.binary(max_size=12),
+    st.lists(
+        st.sampled_from([b"a", b" ", b"\t", b"\r", b"\n", b"{", b"\xff"]), min_size=0, max_size=12
+    ),
+    st.integers(min_value=1, max_value=8),
+)
+def test_whole_line_is_what_feed_gives(prefix: bytes, parts: list[bytes], limit: int) -> None:
+    """A read loop takes `whole_line(data)` when it is not None and calls `feed` otherwise; for
+    every framer state (something buffered or not) and chunk, that is exactly what `feed` alone
+    gives, and `is_whole_line` says the same as `whole_line`."""
+    data = b"".join(parts)
+    fast, slow = LineFramer(limit), LineFramer(limit)
+    for framer in (fast, slow):
+        try:
+            framer.feed(prefix.replace(b"\n", b""))  # leaves an incomplete tail, or none
+        except MessageTooLarge:
+            return
+    one = fast.whole_line(data)
+    assert fast.is_whole_line(data) == (one is not None)
+    try:
+        expected: list[bytes] | None = slow.feed(data)
+    except MessageTooLarge:
+        expected = None
+    if one is not None:
+        assert expected == [one]
+        assert fast.pending() == slow.pending() == 0
+    else:
+        try:
+            got: list[bytes] | None = fast.feed(data)
+        except MessageTooLarge:
+            got = None
+        assert got == expected
