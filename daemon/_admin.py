@@ -7,7 +7,7 @@ says what was wrong (`data.reason`). Members a command does not know are ignored
 daemon still answers a newer daemonctl.
 
 Pure code (no I/O): the table of commands, their params and their handlers' names. The daemon
-looks a command up here, decodes, and calls `Daemon._admin_<handler>` with the Struct.
+looks a command up here, decodes, and calls the handler of that name (`AdminApi`) with the Struct.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class NoParams(Struct, frozen=True):
 
 
 class StatusParams(Struct, frozen=True):
-    # A leak hunt asks for a full collection first (see `Daemon._admin_status`).
+    # A leak hunt asks for a full collection first (see `AdminApi._admin_status`).
     collect: bool = False
 
 
@@ -82,7 +82,7 @@ class AttachParams(Struct, frozen=True, rename="camel"):
 
 class Command(Struct, frozen=True):
     params: type[Struct]
-    handler: str  # `Daemon._admin_<handler>`
+    handler: str  # the key of its handler in `AdminApi`'s table
 
 
 COMMANDS: dict[str, Command] = {

@@ -118,10 +118,6 @@ class AdminApi:
             "testFail": self._admin_testFail,
         }
 
-    def add_handler(self, name: str, handler: AdminHandler) -> None:
-        """A handler for a command of `commands` that another object answers."""
-        self._handlers[name] = handler
-
     async def answer(self, msg: Message) -> bytes | None:
         """Run one admin command; its answer line (None for a notification).
 

@@ -295,7 +295,8 @@ class ConnectionServer:
         try:
             writer.write(answer)
         except WriterClosed as exc:
-            self._log("info", f"admin caller of {msg.method} went away before its answer: {exc}")
+            method = msg.method if isinstance(msg.method, str) else ""
+            self._log("info", f"admin caller of {method} went away before its answer: {exc}")
             return False
         return True
 

@@ -262,7 +262,6 @@ class Daemon:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         guardian = Guardian()
-        connections: ConnectionServer | None = None
         try:
             async with trio.open_nursery() as pool_nursery:
                 pool = self._pool = Pool(

@@ -31,7 +31,7 @@ class Sessions:
         logins: LoginDesk,
         cursors: CursorBook[tuple[dict[str, Any], ...]],
     ) -> None:
-        self.attached = attached
+        self._attached = attached
         self._host = host
         self._files = host.files
         self._pool = pool
@@ -73,7 +73,7 @@ class Sessions:
         )
         session.set_name_budget(explicit=max_name_length, configured=options.max_name_length)
         record = SessionRecord(session, sources, via, env)
-        self.attached.add(record)
+        self._attached.add(record)
         self._host.watch_sources(sources)
         log("info", "session attached", session=session.id, name=name, peer=peer)
         return record
@@ -84,7 +84,7 @@ class Sessions:
     def close_session(self, record: SessionRecord, reason: str) -> None:
         session = record.session
         session.close(reason)
-        if self.attached.remove(record):
+        if self._attached.remove(record):
             self._host.unwatch_sources(record.sources)
         self._process.log(
             "info", "session detached", session=session.id, reason=session.close_reason

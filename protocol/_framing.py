@@ -37,7 +37,8 @@ class LineFramer:
         is exactly one whole, non-blank line within the limit and without a CR; None for
         anything else (then `feed` decides). The hot path of every read loop: a relayed call is
         two of these. Read loops call it first and `feed` only on None; `feed` starts with it,
-        so the rule is here once (tests/protocol/test_framing.py compares the two)."""
+        so the rule is here once (tests/protocol/test_framing.py compares the two). It does not
+        check for a framer `feed` has poisoned: once `feed` raised, its reader stops reading."""
         if self._buf or not data or data[-1] != 10:  # b"\n"
             return None
         line = data[:-1]
