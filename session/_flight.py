@@ -7,9 +7,10 @@ round a handshake-era client answers (`_InputRound`), and a modern client's list
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -31,46 +32,26 @@ from mcpool.protocol import (
 from . import _params
 from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
 from ._input import Held, Subject
+from ._link import CLOSED, ClientLink
 
 _encoder = msgspec.json.Encoder()
 _EMPTY = Raw(b"{}")  # the result of an answer that had none
 _NO_CAPABILITIES: Mapping[str, Any] = MappingProxyType({})
 
-if TYPE_CHECKING:
-    from ._core import SessionCore
 
+class FlightHost(Protocol):
+    """What a request in flight needs of the session's flights (session/_flights.py)."""
 
-class SessionLog(Protocol):
-    """Where a session's log lines go (the daemon's journal): text, then a level name."""
-
-    def __call__(self, text: str, level: str = "warning") -> None: ...
-
-
-def _no_log(text: str, level: str = "warning") -> None:
-    pass
-
-
-class Writer(Protocol):
-    """What the session writes to (the daemon gives it an `FdWriter`)."""
+    inflight: dict[Any, _InFlight]
+    relayed: dict[str, _Relayed]
+    relay_ids: itertools.count[int]
 
     @property
-    def buffered(self) -> int: ...
+    def link(self) -> ClientLink: ...
 
-    def write(self, data: bytes) -> None:
-        """Write or queue `data`; raises (and the session closes) once the peer is gone or
-        the writer is backed up past its limit."""
+    def held_answered(self, flight: _InFlight, msg: Message) -> None: ...
 
-    def write_lossy(self, data: bytes) -> bool:
-        """`write` for a message that may be lost (a log message, a progress notification:
-        DESIGN X8): False when it was dropped because the writer is backed up past a lossy
-        bound well below its limit, so that a flood is shed before a reading session is cut.
-        Never raises and never closes the writer for being backed up."""
-        ...
-
-    def write_parts(self, parts: Sequence[bytes]) -> None:
-        """`write(b"".join(parts))`; a writer to an fd writes them without joining them."""
-
-    async def wait_drained(self) -> None: ...
+    def fault(self, where: str, exc: BaseException) -> None: ...
 
 
 class _InFlight(msgspec.Struct, eq=False):
@@ -82,7 +63,7 @@ class _InFlight(msgspec.Struct, eq=False):
     maker counts it on its handle (`handle.in_flight += 1`; `finish` takes it off).
     """
 
-    session: SessionCore
+    flights: FlightHost
     client_id: Any
     handle: Handle
     entry: PoolEntry
@@ -113,7 +94,7 @@ class _InFlight(msgspec.Struct, eq=False):
 
     def finish(self) -> None:
         """Forget this request (answered, cancelled, or the session closed); idempotent."""
-        s = self.session
+        s = self.flights
         if s.inflight.get(self.client_id) is self:
             del s.inflight[self.client_id]
         if self.progress is not None:
@@ -126,7 +107,8 @@ class _InFlight(msgspec.Struct, eq=False):
     def __call__(self, msg: Message) -> None:
         # Runs in the upstream's reader task, which every session of that server shares: an
         # unexpected failure here closes this session only (see the module docstring).
-        s = self.session
+        s = self.flights
+        link = s.link
         try:
             if (
                 self.plan is None
@@ -144,7 +126,7 @@ class _InFlight(msgspec.Struct, eq=False):
                 if self.uid >= 0:
                     self.handle.in_flight -= 1
                     self.uid = -1
-                if s.closed:
+                if link.phase is CLOSED:
                     return
                 result = msg.result
                 if result is UNSET:
@@ -162,18 +144,18 @@ class _InFlight(msgspec.Struct, eq=False):
                 if line.partition(b"mcpool")[1] or line.partition(b"\\u00")[1]:
                     line = without_own_meta(line)
                 try:
-                    s.out.write(line)
+                    link.out.write(line)
                 except Exception as exc:
-                    s.close(str(exc))
+                    link.broke(str(exc))
                 return
             if self.held is not None:
-                s._held_answered(self, msg)
+                s.held_answered(self, msg)
                 if not self.held.waiting:
                     self.finish()
                     return  # no request waits for it: the client's retry gets it
                 self.held = None
             self.finish()
-            if s.closed:
+            if link.phase is CLOSED:
                 return
             plan = self.plan
             result = msg.result
@@ -188,7 +170,9 @@ class _InFlight(msgspec.Struct, eq=False):
                     )
                     error = Raw(_encoder.encode(bad.to_error_object()))
                 elif plan is not None:
-                    error = Raw(translate_error(bytes(error), plan, session_modern=s.era is MODERN))
+                    error = Raw(
+                        translate_error(bytes(error), plan, session_modern=link.era is MODERN)
+                    )
                 line = _encoder.encode(RawErrorResponse("2.0", self.client_id, error)) + b"\n"
             else:
                 result = msg.result if msg.result is not UNSET else Raw(b"{}")
@@ -199,7 +183,7 @@ class _InFlight(msgspec.Struct, eq=False):
                         if refusal is None:
                             return  # the client is asked; the retry answers it
                         obj = refusal.to_error_object()
-                        s.deliver(
+                        link.deliver(
                             self.batch,
                             error_response(self.client_id, obj.code, obj.message, obj.data),
                         )
@@ -210,16 +194,16 @@ class _InFlight(msgspec.Struct, eq=False):
                     except McpoolError as exc:
                         obj = exc.to_error_object()
                         line = error_response(self.client_id, obj.code, obj.message, obj.data)
-                        s.deliver(self.batch, line)
+                        link.deliver(self.batch, line)
                         return
                 # The result's bytes as they came, but for mcpool's own _meta keys (X9).
                 line = without_own_meta(response_line(self.client_id, result))
             if self.batch is None:
-                s.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
+                link.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
             else:
-                s.deliver(self.batch, line)
+                link.deliver(self.batch, line)
         except Exception as exc:
-            s._fault(f"the answer from server '{self.entry.name}'", exc)
+            s.fault(f"the answer from server '{self.entry.name}'", exc)
 
 
 def request_id(msg: Message) -> JsonRpcId:
@@ -263,7 +247,8 @@ class _InputRound:
     @staticmethod
     def start(flight: _InFlight, result: dict[str, Any]) -> McpoolError | None:
         """Ask the client; None when asked, else the error its request is answered with."""
-        s = flight.session
+        s = flight.flights
+        link = s.link
         name = flight.entry.name
         requests = result.get("inputRequests") or {}
         if not isinstance(requests, dict) or flight.rounds >= MAX_INPUT_ROUNDS:
@@ -282,7 +267,7 @@ class _InputRound:
                     f"server '{name}' asked for input mcpool cannot relay: {method!r}",
                     server=name,
                 )
-            if capability not in s.client_capabilities:
+            if capability not in link.client_capabilities:
                 return McpoolError(
                     f"server '{name}' asked for {method}; the session does not support it "
                     f"(no {capability} capability)",
@@ -296,10 +281,10 @@ class _InputRound:
         s.inflight[flight.client_id] = flight
         for key, method, params in asks:
             round_.pending.add(key)
-            downstream_id = f"mcpool-{next(s._relay_ids)}"
+            downstream_id = f"mcpool-{next(s.relay_ids)}"
             s.relayed[downstream_id] = _Relayed(round_, key, None)  # type: ignore[arg-type]
             raw = UNSET if params is UNSET else Raw(_encoder.encode(params))
-            s.send(without_own_meta(encode(Request("2.0", downstream_id, method, raw))))
+            link.send(without_own_meta(encode(Request("2.0", downstream_id, method, raw))))
         if not asks:
             round_.retry()
         return None
@@ -307,15 +292,14 @@ class _InputRound:
     # What `_client_response` calls on a relay's upstream.
 
     def respond_raw(self, key: str, result: Raw | UnsetType, error: Raw | UnsetType) -> None:
-        if key not in self.pending or self.flight.session.closed:
+        if key not in self.pending or self.flight.flights.link.phase is CLOSED:
             return
         if error is not UNSET:
             self.pending.clear()
-            s = self.flight.session
             if not self._still_wanted():
                 return
             line = _encoder.encode(RawErrorResponse("2.0", self.flight.client_id, error)) + b"\n"
-            s.deliver(self.flight.batch, line)
+            self.flight.flights.link.deliver(self.flight.batch, line)
             return
         self.pending.discard(key)
         self.responses[key] = msgspec.json.decode(bytes(result)) if result is not UNSET else {}
@@ -331,15 +315,15 @@ class _InputRound:
     def _still_wanted(self) -> bool:
         """Whether the client still waits for its request (not cancelled, session open); it
         stops being listed as in flight either way."""
-        s = self.flight.session
-        if s.closed or s.inflight.get(self.flight.client_id) is not self.flight:
+        s = self.flight.flights
+        if s.link.phase is CLOSED or s.inflight.get(self.flight.client_id) is not self.flight:
             return False
         del s.inflight[self.flight.client_id]
         return True
 
     def retry(self) -> None:
         old = self.flight
-        s = old.session
+        s = old.flights
         if old.params is None or not self._still_wanted():
             return
         params = {
@@ -355,7 +339,9 @@ class _InputRound:
                 old.entry.name, f"server '{old.entry.name}' went away while the client answered"
             )
             obj = err.to_error_object()
-            s.deliver(old.batch, error_response(old.client_id, obj.code, obj.message, obj.data))
+            s.link.deliver(
+                old.batch, error_response(old.client_id, obj.code, obj.message, obj.data)
+            )
             return
         flight = _InFlight(s, old.client_id, old.handle, old.entry, upstream, old.batch)
         old.handle.in_flight += 1

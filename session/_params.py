@@ -74,7 +74,7 @@ class ToolsCall(Struct, gc=False):
 
 class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """The common tools/call params, typed straight from their bytes and re-encoded from this
-    Struct (the hot path: `SessionRequests._tools_call_direct`): only these members, each as
+    Struct (the hot path: `Requests._tools_call_direct`): only these members, each as
     `ToolsCall` reads it; `_meta` decoded whole, since it is forwarded as it came. Anything
     else (another member, a wrong type) does not decode, and the general path serves it.
     gc=False: JSON values cannot refer back to the Struct."""
@@ -86,7 +86,7 @@ class PlainToolsCall(Struct, forbid_unknown_fields=True, omit_defaults=True, gc=
 
 class PlainCallLine(Struct, forbid_unknown_fields=True, gc=False):
     """A whole request line whose params are `PlainToolsCall`, typed in one decode (envelope
-    and params together: `SessionRequests.handle_line`'s direct call). It accepts only what
+    and params together: `Requests.handle_line`'s direct call). It accepts only what
     `decode` accepts as a request: a string `jsonrpc` and `method` (the caller serves only
     "2.0" and tools/call: strings compared there cost less than Literal types here), an int or
     string id, params; any other member (`result`, `error`, one nobody knows) or type makes it
@@ -107,7 +107,7 @@ class PlainListParams(Struct, forbid_unknown_fields=True, frozen=True, gc=False)
 
 class PlainListLine(Struct, forbid_unknown_fields=True, gc=False):
     """A whole tools/list request line whose params are `PlainListParams` (or absent), typed
-    in one decode (`SessionRequests._tools_page_direct`), on the terms of `PlainCallLine`."""
+    in one decode (`Requests._tools_page_direct`), on the terms of `PlainCallLine`."""
 
     jsonrpc: str
     id: int | str

@@ -1,9 +1,10 @@
-"""The client's messages: one line at a time, the era check (P1), and one handler per method
-(`_HANDLERS`), each typed by session/_params.py first.
+"""The client's messages (`Requests`): one line at a time, the era check (P1), and one handler
+per method (`_HANDLERS`), each typed by session/_params.py first; the backlog kept until the first
+generation, and the page walks (cursors) of this session.
 
-A room of `Session` (session/_session.py): the rooms form one chain of base classes,
-_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
-below it define.
+It is the top of a session's objects: it reads the `Catalog` (what is served), forwards through
+the `Flights` and answers through the `ClientLink`, each given at construction; none of them
+calls it (the `Session` replays the backlog when its catalog says so).
 """
 
 from __future__ import annotations
@@ -31,14 +32,12 @@ from mcpool.protocol import (
     negotiate,
     notification,
     response,
-    response_line,
-    response_parts,
 )
 from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_header_mismatch
 
 from . import _params
-from ._core import SERVER_INFO
-from ._cursors import CursorError
+from ._catalog import Catalog
+from ._cursors import CursorBook, CursorError
 from ._eras import (
     HANDSHAKE,
     LIST_FLAGS,
@@ -54,9 +53,11 @@ from ._eras import (
     strip_envelope,
 )
 from ._flight import _encoder, _InFlight, _Listen, request_id
-from ._forwarding import LOG_LEVELS
-from ._generations import SessionGenerations
+from ._flights import LOG_LEVELS, Flights
+from ._link import ClientLink, PhaseEvent, SessionLog, closing_line
 from ._login_notice import login_needed_text
+
+SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
 SERVER_CAPABILITIES: dict[str, Any] = {
     "tools": {"listChanged": True},
@@ -84,11 +85,94 @@ def _ignore_reply(msg: Message) -> None:
     pass
 
 
-class SessionRequests(SessionGenerations):
-    __slots__ = ()  # SessionCore holds the slots
+class Requests:
+    """One session's handling of what its client sends."""
+
+    __slots__ = (
+        "_log",
+        "_sid",
+        "_walks",
+        "backlog",
+        "catalog",
+        "cursors",
+        "flights",
+        "link",
+        "page_size",
+    )
+
+    def __init__(
+        self,
+        sid: str,
+        link: ClientLink,
+        catalog: Catalog,
+        flights: Flights,
+        *,
+        cursors: CursorBook[tuple[dict[str, Any], ...]],
+        page_size: int,
+        log: SessionLog,
+    ) -> None:
+        self._sid = sid
+        self.link = link
+        self.catalog = catalog
+        self.flights = flights
+        # The daemon's book of listed lists, shared by its sessions (pages are cached on
+        # shared lists).
+        self.cursors = cursors
+        self.page_size = page_size
+        self._log = log
+        # Messages before the first generation, each with the batch it came in (if any).
+        self.backlog: list[tuple[Message, Batch | None]] = []
+        self._walks: tuple[int, ...] = ()  # numbers of the lists this session's cursors name
+
+    def answer_openers(self) -> None:
+        """The servers are leased: an initialize (or a 2026-07-28 server/discover) waiting in
+        the backlog is answered now, the rest waits for the first generation."""
+        backlog, self.backlog = self.backlog, []
+        link = self.link
+        outer = link.batch
+        try:
+            for msg, batch in backlog:
+                if msg.method in OPENERS:
+                    link.batch = batch
+                    self._handle(msg)
+                else:
+                    self.backlog.append((msg, batch))
+        finally:
+            link.batch = outer
+
+    def replay_backlog(self) -> None:
+        """The first generation is published: what waited for it is served, in order."""
+        backlog, self.backlog = self.backlog, []
+        link = self.link
+        outer = link.batch
+        try:
+            for msg, batch in backlog:
+                link.batch = batch
+                self._handle(msg)
+        finally:
+            link.batch = outer
+
+    def backlog_lines(self, closing: McpoolError) -> list[bytes]:
+        """The closing session's answers to the requests still in the backlog."""
+        lines = []
+        for msg, batch in self.backlog:
+            if msg.is_request:
+                line = closing_line(closing, msg.id, batch)
+                if line is not None:
+                    lines.append(line)
+        self.backlog.clear()
+        return lines
+
+    def send_result(self, msg: Message, result: dict[str, Any]) -> None:
+        """Answer a request mcpool serves itself, shaped for the session's era."""
+        method = msg.method if isinstance(msg.method, str) else ""
+        if self.link.era is MODERN:
+            result = modern_result(method, result, SERVER_INFO)
+        self.link.reply(response(request_id(msg), result))
 
     def handle_line(self, line: bytes) -> None:
-        if self.ready and self.era is HANDSHAKE and self.request_headers is None:
+        link = self.link
+        if self.catalog.ready and link.era is HANDSHAKE and link.request_headers is None:
             # The hot path, a handshake-era session's common tools/call: the whole line typed
             # in one decode (`PlainCallLine`, envelope and params together) and forwarded by
             # `_call_direct`, as `_handle` would have it forwarded. Anything else (another
@@ -103,17 +187,18 @@ class SessionRequests(SessionGenerations):
                     return
             else:
                 client_id = plain.id
+                flights = self.flights
                 if (
                     plain.method == "tools/call"
                     and plain.jsonrpc == "2.0"
-                    and client_id not in self.inflight
-                    and client_id not in self.listens
+                    and client_id not in flights.inflight
+                    and client_id not in flights.listens
                 ):
                     try:
                         if self._call_direct(client_id, plain.params):
                             return
                     except McpoolError as exc:
-                        self.send_error(client_id, exc)
+                        link.send_error(client_id, exc)
                         return
                     except Exception as exc:
                         self._internal_error("tools/call", client_id, exc)
@@ -121,18 +206,19 @@ class SessionRequests(SessionGenerations):
         try:
             decoded = decode(line)
         except McpoolError as exc:
-            self.send_error(None, exc)
+            self.link.send_error(None, exc)
             return
         if isinstance(decoded, list):
             # A 2025-03-26 batch: its answers go back together, as one array.
             batch = Batch(sum(1 for m in decoded if m.method is not UNSET and m.id is not UNSET))
             try:
                 for msg in decoded:
-                    self._batch = batch if msg.method is not UNSET and msg.id is not UNSET else None
+                    member = msg.method is not UNSET and msg.id is not UNSET
+                    link.batch = batch if member else None
                     self.handle_message(msg)
             finally:
-                self._batch = None
-        elif self.ready:
+                link.batch = None
+        elif self.catalog.ready:
             # `handle_message`, inlined for a ready session (every call): `decode` already
             # refused anything but "2.0" in jsonrpc.
             self._handle(decoded)
@@ -149,15 +235,16 @@ class SessionRequests(SessionGenerations):
         except (msgspec.DecodeError, RecursionError):  # ValidationError included
             return False
         client_id = plain.id
+        flights = self.flights
         if (
             plain.method != "tools/list"
             or plain.jsonrpc != "2.0"
-            or client_id in self.inflight
-            or client_id in self.listens
+            or client_id in flights.inflight
+            or client_id in flights.listens
         ):
             return False
         cursor = plain.params.cursor
-        agg = self.registry.agg
+        agg = self.catalog.registry.agg
         tools = agg.tools
         if cursor is None:
             offset = 0
@@ -171,14 +258,13 @@ class SessionRequests(SessionGenerations):
         page = agg.encoded.get(("tools", False, size, offset, number))
         if page is None:
             return False
-        self._answer_page(client_id, page)
+        self.link.answer_page(client_id, page)
         return True
 
     def handle_message(self, msg: Message) -> None:
         if msg.jsonrpc != "2.0":
             msg_id = msg.id if msg.id is not UNSET else None
-            self.reply(
-                msg_id,
+            self.link.reply(
                 error_response(
                     msg_id,
                     INVALID_REQUEST,
@@ -187,10 +273,10 @@ class SessionRequests(SessionGenerations):
                 ),
             )
             return
-        if not self.ready and not (
-            msg.method == "ping" or (msg.method in OPENERS and self._views_known)
+        if not self.catalog.ready and not (
+            msg.method == "ping" or (msg.method in OPENERS and self.catalog.views_known)
         ):
-            self._backlog.append((msg, self._batch))
+            self.backlog.append((msg, self.link.batch))
             return
         self._handle(msg)
 
@@ -198,7 +284,7 @@ class SessionRequests(SessionGenerations):
         method = msg.method
         try:
             if method is UNSET:
-                self._client_response(msg)
+                self.flights.client_response(msg)
                 return
             if msg.id is UNSET:
                 self._notification(method, msg.params)
@@ -206,24 +292,28 @@ class SessionRequests(SessionGenerations):
             entry = _HANDLERS.get(method)
             if entry is None:
                 raise MethodNotFound(method, f"mcpool does not serve {method}")
-            if msg.id in self.inflight or msg.id in self.listens:
+            if self.flights.in_use(msg.id):
                 raise InvalidRequest(
                     f"request id {msg.id!r} is already used by a request in flight "
                     "(ids must be unique among a session's open requests)",
                     id=msg.id,
                 )
             handler, kind = entry
-            if kind is _params.ToolsCall and self.era is HANDSHAKE and self._tools_call_direct(msg):
+            if (
+                kind is _params.ToolsCall
+                and self.link.era is HANDSHAKE
+                and self._tools_call_direct(msg)
+            ):
                 return
             p = decode_params(msg.params)
-            if self.era is not HANDSHAKE:
+            if self.link.era is not HANDSHAKE:
                 self._check_era(method, p)
             handler(self, msg, p, _params.typed(p, kind))
         except McpoolError as exc:
             if msg.is_request:
-                self.send_error(msg.id, exc)
+                self.link.send_error(msg.id, exc)
             else:
-                self._drop(f"a malformed {method or 'response'}", exc.reason)
+                self.link.drop(f"a malformed {method or 'response'}", exc.reason)
         except Exception as exc:
             self._internal_error(method, msg.id if msg.is_request else UNSET, exc)
 
@@ -231,22 +321,22 @@ class SessionRequests(SessionGenerations):
         """A bug, not bad input: logged with its traceback; the request (`msg_id`, UNSET for
         anything else) still gets an answer and the session goes on."""
         trace = "".join(traceback.format_exception(exc)).rstrip()
-        self._log(f"session {self.id}: internal error handling {method}\n{trace}")
+        self._log(f"session {self._sid}: internal error handling {method}\n{trace}")
         if msg_id is not UNSET:
-            self.send_error(
+            self.link.send_error(
                 msg_id,
                 McpoolError(f"internal error in mcpool while handling {method}: {exc!r}"),
             )
 
     def _check_era(self, method: str, p: dict[str, Any]) -> None:
         """P1: decide the era on the first request; check every modern request's envelope."""
-        if self.era is None:
+        if self.link.era is None:
             if not opens_modern(method, p):
                 return  # initialize decides on handshake; anything else is served as it is
             env = check_envelope(p)  # a malformed one is refused and decides nothing
-            self.era = MODERN
+            self.link.era = MODERN
             # No handshake to wait for: list_changed may flow as soon as a stream listens.
-            self.initialize_answered = self.initialized = True
+            self.link.move(PhaseEvent.SPOKE_MODERN)
         elif method == "initialize":
             raise initialize_refused(p)
         else:
@@ -258,14 +348,14 @@ class SessionRequests(SessionGenerations):
             # MRTR "Error Handling": a retry's inputResponses is an InputResponses object, each
             # of its answers a result object (sampling, elicitation or roots).
             raise InvalidParams("params.inputResponses must be an object of result objects")
-        self.protocol_version = env.version
-        self.client_capabilities = env.capabilities
-        if env.client_info is not None and env.client_info != self.client_info:
-            self.client_info = env.client_info
-            self._update_name_budget()
-        if env.log_level != self.log_level:
+        self.link.protocol_version = env.version
+        self.link.client_capabilities = env.capabilities
+        if env.client_info is not None and env.client_info != self.link.client_info:
+            self.link.client_info = env.client_info
+            self.catalog.update_name_budget()
+        if env.log_level != self.link.log_level:
             # Logging is opted into per request in this era; no level means no log messages.
-            self.log_level = env.log_level
+            self.link.log_level = env.log_level
             if env.log_level is not None:
                 self._apply_log_level(env.log_level)
         strip_envelope(p)
@@ -274,90 +364,59 @@ class SessionRequests(SessionGenerations):
         """A client's notification; a malformed one raises McpoolError (dropped by _handle)."""
         if method == "notifications/initialized":
             # Out of order (before our initialize result) is ignored, per the handshake rules.
-            if self.initialize_answered:
-                self.initialized = True
+            if self.link.initialize_answered:
+                self.link.move(PhaseEvent.CLIENT_INITIALIZED)
                 # What was said before the handshake is not said then: a server waiting for
                 # the user's login is told now.
-                for view in self.views.values():
+                for view in self.catalog.views.values():
                     entry = view.handle.entry if view.handle is not None else None
                     if entry is not None and entry.state is EntryState.NEEDS_LOGIN:
-                        self.tell_login_needed(view.name)
+                        self.flights.tell_login_needed(view.name)
         elif method == "notifications/cancelled":
             c = _params.cancelled(params)
             rid = c.requestId
             if rid is UNSET:
                 return  # a task's cancel names no request; mcpool forwards no tasks
-            if rid in self.listens:
+            if rid in self.flights.listens:
                 self._close_listen(rid)
                 return
-            flight = self.inflight.get(rid)
-            if flight is None and rid in self._parked:
-                batch = self._parked.pop(rid).batch
-                whole = batch.drop() if batch is not None else None
-                if whole is not None:
-                    self.send(whole)
-            if flight is not None:
-                why = c.reason or "cancelled by the client"
-                if flight.held is not None:  # a retry waiting on a held call: it ends too
-                    self._let_go_held(flight, "the client cancelled the call", why)
-                flight.cut(why)
-                flight.finish()
-                if flight.batch is not None:
-                    # A cancelled request gets no answer; its batch must not wait for one.
-                    whole = flight.batch.drop()
-                    if whole is not None:
-                        self.send(whole)
+            self.flights.cancelled(rid, c.reason or "cancelled by the client")
         elif method == "notifications/progress":
-            # Progress the client reports on a request an upstream sent it (P5).
             token = _params.progress(params).progressToken
-            for relay in self.relayed.values():
-                if relay.progress_token is not None and relay.progress_token == token:
-                    relay.upstream.send_notification(method, params)
-                    break
+            self.flights.progress_from_client(method, params, token)
 
     def _initialize(self, msg: Message, p: dict[str, Any], t: _params.Initialize) -> None:
-        self.era = HANDSHAKE
+        self.link.era = HANDSHAKE
         version = negotiate(t.protocolVersion)
-        self.protocol_version = version
-        self.client_capabilities = t.capabilities or {}
-        self.client_info = t.clientInfo or {}
+        self.link.protocol_version = version
+        self.link.client_capabilities = t.capabilities or {}
+        self.link.client_info = t.clientInfo or {}
         # Before the answer: the client's first tools/list must already fit its name limit (and
         # nothing is notified, as the handshake is not complete yet).
-        self._update_name_budget()
+        self.catalog.update_name_budget()
         result: dict[str, Any] = {
             "protocolVersion": version,
             "capabilities": SERVER_CAPABILITIES,
             "serverInfo": {"name": "mcpool", "version": __version__},
         }
-        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
+        instructions = self.catalog.instructions()
         if instructions:
             result["instructions"] = instructions
-        self.reply(request_id(msg), response(request_id(msg), result))
-        self.initialize_answered = True
-
-    def _instructions_so_far(self) -> str | None:
-        """Before the first generation (L6): the instructions of the servers already up, as
-        `RegistryGeneration.instructions` joins them (a late server's cannot follow: the
-        protocol has no notification for them)."""
-        parts = []
-        for view in self.views.values():
-            text = view.projection().instructions
-            if text:
-                parts.append(f"## {view.name}\n{text.strip()}")
-        return "\n\n".join(parts) if parts else None
+        self.link.reply(response(request_id(msg), result))
+        self.link.move(PhaseEvent.INITIALIZE_ANSWERED)
 
     def _discover(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         """2026-07-28: the session's aggregated capabilities and instructions."""
-        if self.era is not MODERN:
+        if self.link.era is not MODERN:
             raise MethodNotFound(
                 "server/discover",
                 "server/discover belongs to protocol 2026-07-28; this session used initialize",
             )
         # Answered at once, as initialize is (L6): before the first generation, with the
         # instructions of the servers already up.
-        instructions = self.registry.instructions() if self.ready else self._instructions_so_far()
+        instructions = self.catalog.instructions()
         result = discover_result(SERVER_CAPABILITIES, instructions, SERVER_INFO)
-        self.reply(request_id(msg), response(request_id(msg), result))
+        self.link.reply(response(request_id(msg), result))
 
     def _listen(self, msg: Message, p: dict[str, Any], t: _params.Listen) -> None:
         """2026-07-28: a stream carrying this session's list_changed and resources/updated.
@@ -366,13 +425,13 @@ class SessionRequests(SessionGenerations):
         SESSION_CLOSING). The client ends it with notifications/cancelled naming it, and gets
         no answer then. Resource URIs count as subscriptions (P6). Never part of a batch.
         """
-        if self.era is not MODERN:
+        if self.link.era is not MODERN:
             raise MethodNotFound(
                 "subscriptions/listen",
                 "subscriptions/listen belongs to protocol 2026-07-28; this session used "
                 "initialize (use resources/subscribe and the notifications it sends)",
             )
-        if self._batch is not None:
+        if self.link.batch is not None:
             raise InvalidRequest(
                 "subscriptions/listen cannot be part of a batch: its answer comes only when "
                 "the stream ends, and the batch would wait for it"
@@ -381,7 +440,7 @@ class SessionRequests(SessionGenerations):
         listen_id = request_id(msg)
         kinds = frozenset(kind for kind, flag in LIST_FLAGS.items() if honored.get(flag))
         uris = frozenset(honored.get("resourceSubscriptions", ()))
-        listen = self.listens[listen_id] = _Listen(kinds, uris)
+        listen = self.flights.listens[listen_id] = _Listen(kinds, uris)
         # Acknowledged once every upstream this stream subscribed has answered: a client that
         # changes a resource right after the acknowledgment must hear of it (the upstream was
         # not listening yet when the acknowledgment went at once).
@@ -390,8 +449,8 @@ class SessionRequests(SessionGenerations):
         def subscribed(_reply: Message | None) -> None:
             nonlocal waiting
             waiting -= 1
-            if waiting == 0 and self.listens.get(listen_id) is listen:
-                self.send(
+            if waiting == 0 and self.flights.listens.get(listen_id) is listen:
+                self.link.send(
                     notification(
                         "notifications/subscriptions/acknowledged",
                         {"notifications": honored, "_meta": {META_SUBSCRIPTION_ID: listen_id}},
@@ -405,10 +464,12 @@ class SessionRequests(SessionGenerations):
         subscribed(None)
 
     def _close_listen(self, listen_id: Any) -> None:
-        listen = self.listens.pop(listen_id, None)
+        listen = self.flights.listens.pop(listen_id, None)
         if listen is None:
             return
-        held = {uri for other in self.listens.values() for uri in other.uris} | self.subscriptions
+        flights = self.flights
+        held = {uri for other in flights.listens.values() for uri in other.uris}
+        held |= flights.subscriptions
         for uri in listen.uris - held:
             self._let_go_uri(uri)
 
@@ -416,12 +477,12 @@ class SessionRequests(SessionGenerations):
         self.send_result(msg, {})
 
     def _list(self, msg: Message, t: _params.ListPage, kind: str, field: str) -> None:
-        gen = self.registry
+        gen = self.catalog.registry
         items: tuple[dict[str, Any], ...] = getattr(gen, kind)
         cursor = t.cursor
         # A walk goes on on the list it began on (issue 29 item 6): a cursor names that list.
         served, offset = (items, 0) if cursor is None else self._walk(cursor)
-        modern = self.era is MODERN
+        modern = self.link.era is MODERN
         size = self.page_size
         number = self._walk_number(served) if offset + size < len(served) else 0
         # Each page of the current list is encoded once per aggregate, era (a modern one
@@ -433,7 +494,7 @@ class SessionRequests(SessionGenerations):
         if cacheable:
             cached = gen.encoded.get(key)
             if cached is not None:
-                self._answer_page(request_id(msg), cached)
+                self.link.answer_page(request_id(msg), cached)
                 return
         page = served[offset : offset + size]
         result: dict[str, Any] = {field: page}
@@ -445,7 +506,7 @@ class SessionRequests(SessionGenerations):
         encoded = _encoder.encode(result)
         if cacheable:
             gen.encoded[key] = encoded
-        self._answer_page(request_id(msg), encoded)
+        self.link.answer_page(request_id(msg), encoded)
 
     def _walk(self, cursor: object) -> tuple[tuple[dict[str, Any], ...], int]:
         """The list a cursor of this session's was cut from, and its next page's offset."""
@@ -468,15 +529,6 @@ class SessionRequests(SessionGenerations):
             self._walks = (*walks[1 - MAX_WALKS :], number)
         return number
 
-    def _answer_page(self, rid: Any, page: bytes) -> None:
-        """The answer with `page` as its result, written around the page's bytes: no copy of
-        them (55 KB a page, and every session re-reads every page after a change; issue 17).
-        A batch member's joins its batch whole."""
-        if self._batch is None:
-            self.send_parts(response_parts(rid, page))
-        else:
-            self.reply(rid, response_line(rid, page))
-
     def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
         self._list(msg, t, "tools", "tools")
 
@@ -492,7 +544,7 @@ class SessionRequests(SessionGenerations):
     def _unknown_tool_text(self, name: str) -> str:
         # A server that waits for the user's login has listed nothing yet: a call of a name in
         # its prefix says what to do rather than only that the name is unknown.
-        for view in self.views.values():
+        for view in self.catalog.views.values():
             entry = view.handle.entry if view.handle is not None else None
             if (
                 name.startswith(f"{view.name}__")
@@ -503,9 +555,9 @@ class SessionRequests(SessionGenerations):
         return f"Unknown tool: {name} (no server of this session exposes it)"
 
     def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
-        gen = self.registry
+        gen = self.catalog.registry
         name = t.name
-        route = self._allows(gen.tool_route(name))
+        route = self.catalog.allows(gen.tool_route(name))
         if route is None:
             # A tool error, as the SDKs' own servers answer it: the model sees the text and can
             # pick another tool (a JSON-RPC error would surface as a client failure instead).
@@ -522,10 +574,10 @@ class SessionRequests(SessionGenerations):
                 },
             )
             return
-        if self.request_headers is not None:
-            self._check_param_headers(name, p.get("arguments"), self.request_headers)
+        if self.link.request_headers is not None:
+            self._check_param_headers(name, p.get("arguments"), self.link.request_headers)
         p["name"] = route.upstream_name
-        self._forward(msg, route.view, "tools/call", p, t.meta)
+        self.flights.forward(msg, route.view, "tools/call", p, t.meta)
 
     def _tools_call_direct(self, msg: Message) -> bool:
         """A handshake-era session's tools/call on the common path, forwarded as
@@ -539,7 +591,7 @@ class SessionRequests(SessionGenerations):
         Mcp-Param-* headers to check.
         """
         raw = msg.params
-        if raw is UNSET or self.request_headers is not None:
+        if raw is UNSET or self.link.request_headers is not None:
             return False
         try:
             call = _params.plain_tools_call_decoder.decode(raw)
@@ -553,7 +605,7 @@ class SessionRequests(SessionGenerations):
         meta = call.meta
         if meta.__class__ is dict and "progressToken" in meta:
             return False
-        gen = self.registry
+        gen = self.catalog.registry
         # `tool_route` and `_allows`, inlined.
         routes = gen.agg.tool_routes
         hit = (routes if routes.__class__ is dict else gen.agg.whole_tool_routes()).get(call.name)
@@ -565,7 +617,7 @@ class SessionRequests(SessionGenerations):
         if (
             handle is None
             or handle.released
-            or self.views.get(view.name) is not view
+            or self.catalog.views.get(view.name) is not view
             or not view.key.allows(upstream_name)
         ):
             return False
@@ -574,9 +626,9 @@ class SessionRequests(SessionGenerations):
         if upstream is None or upstream.era == MODERN or not upstream.alive:
             return False
         call.name = upstream_name
-        flight = _InFlight(self, client_id, handle, entry, upstream, self._batch)
+        flight = _InFlight(self.flights, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
-        self.inflight[client_id] = flight
+        self.flights.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_checked("tools/call", _encoder.encode(call), flight)
         except BaseException:
@@ -587,7 +639,7 @@ class SessionRequests(SessionGenerations):
     def _check_param_headers(self, name: str, arguments: Any, headers: dict[str, str]) -> None:
         """2026-07-28 over HTTP: the Mcp-Param-* headers must agree with the arguments for the
         tool's `x-mcp-header` annotations, as this session lists the tool (-32020, HTTP 400)."""
-        tool = next((t for t in self.registry.tools if t.get("name") == name), None)
+        tool = next((t for t in self.catalog.registry.tools if t.get("name") == name), None)
         annotated = header_params(tool.get("inputSchema")) if tool is not None else {}
         if isinstance(annotated, str):
             return  # screened out when listed; nothing here to check against
@@ -597,7 +649,7 @@ class SessionRequests(SessionGenerations):
 
     def _prompts_get(self, msg: Message, p: dict[str, Any], t: _params.PromptsGet) -> None:
         name = t.name
-        route = self._allows(self.registry.prompt_route(name))
+        route = self.catalog.allows(self.catalog.registry.prompt_route(name))
         if route is None:
             raise InvalidParams(
                 f"unknown prompt: {name}: no server of this session exposes it",
@@ -605,30 +657,30 @@ class SessionRequests(SessionGenerations):
                 prompt=name,
             )
         p["name"] = route.upstream_name
-        self._forward(msg, route.view, "prompts/get", p, t.meta)
+        self.flights.forward(msg, route.view, "prompts/get", p, t.meta)
 
     def _resources_read(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
-        self._forward(msg, self._resource_view(t.uri), "resources/read", p, t.meta)
+        self.flights.forward(msg, self.catalog.resource_view(t.uri), "resources/read", p, t.meta)
 
     def _subscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
         """P6: the upstream is subscribed once per URI, however many sessions ask."""
         uri = t.uri
-        view = self._resource_view(uri)
+        view = self.catalog.resource_view(uri)
         assert view.handle is not None
-        self.subscriptions.add(uri)
+        self.flights.subscriptions.add(uri)
         if view.handle.entry.subscribe(view.handle, uri):
-            self._forward(msg, view, "resources/subscribe", p, t.meta)
+            self.flights.forward(msg, view, "resources/subscribe", p, t.meta)
         else:
             self.send_result(msg, {})
 
     def _unsubscribe(self, msg: Message, p: dict[str, Any], t: _params.ResourceUri) -> None:
         uri = t.uri
-        view = self._resource_view(uri)
+        view = self.catalog.resource_view(uri)
         assert view.handle is not None
-        self.subscriptions.discard(uri)
+        self.flights.subscriptions.discard(uri)
         was_subscribed = uri in view.handle.subscriptions
         if was_subscribed and view.handle.entry.unsubscribe(view.handle, uri):
-            self._forward(msg, view, "resources/unsubscribe", p, t.meta)
+            self.flights.forward(msg, view, "resources/unsubscribe", p, t.meta)
         else:
             self.send_result(msg, {})
 
@@ -636,7 +688,7 @@ class SessionRequests(SessionGenerations):
         """A listen stream's resource: subscribe the upstream if no session had it (P6).
         True when a subscribe went to the upstream: `on_reply` gets its answer (once)."""
         try:
-            view = self._resource_view(uri)
+            view = self.catalog.resource_view(uri)
         except McpoolError:
             return False  # no server lists it: honored, and never fires
         handle = view.handle
@@ -649,7 +701,7 @@ class SessionRequests(SessionGenerations):
 
     def _let_go_uri(self, uri: str) -> None:
         try:
-            view = self._resource_view(uri)
+            view = self.catalog.resource_view(uri)
         except McpoolError:
             return
         handle = view.handle
@@ -668,28 +720,28 @@ class SessionRequests(SessionGenerations):
     def _complete(self, msg: Message, p: dict[str, Any], t: _params.Complete) -> None:
         ref = t.ref
         if isinstance(ref, _params.PromptRef):
-            route = self._allows(self.registry.prompt_route(ref.name))
+            route = self.catalog.allows(self.catalog.registry.prompt_route(ref.name))
             if route is None:
                 raise InvalidParams(
                     f"unknown prompt: {ref.name}: no server of this session exposes it",
                     prompt=ref.name,
                 )
             p["ref"] = {**p["ref"], "name": route.upstream_name}
-            self._forward(msg, route.view, "completion/complete", p, t.meta)
+            self.flights.forward(msg, route.view, "completion/complete", p, t.meta)
         else:
-            view = self._resource_view(ref.uri)
-            self._forward(msg, view, "completion/complete", p, t.meta)
+            view = self.catalog.resource_view(ref.uri)
+            self.flights.forward(msg, view, "completion/complete", p, t.meta)
 
     def _set_level(self, msg: Message, p: dict[str, Any], t: _params.SetLevel) -> None:
         level = t.level
         if level not in LOG_LEVELS:
             raise InvalidParams(f"unknown log level: {level}", levels=list(LOG_LEVELS))
-        self.log_level = level
+        self.link.log_level = level
         self._apply_log_level(level)
         self.send_result(msg, {})
 
     def _apply_log_level(self, level: str) -> None:
-        for view in self.registry.views:
+        for view in self.catalog.registry.views:
             handle = view.handle
             if handle is None:
                 continue
@@ -709,22 +761,20 @@ class SessionRequests(SessionGenerations):
                 )
 
 
-_HANDLERS: dict[
-    str, tuple[Callable[[SessionRequests, Message, dict[str, Any], Any], None], type]
-] = {
-    "initialize": (SessionRequests._initialize, _params.Initialize),
-    "server/discover": (SessionRequests._discover, _params.Plain),
-    "subscriptions/listen": (SessionRequests._listen, _params.Listen),
-    "ping": (SessionRequests._ping, _params.Plain),
-    "tools/list": (SessionRequests._tools_list, _params.ListPage),
-    "tools/call": (SessionRequests._tools_call, _params.ToolsCall),
-    "prompts/list": (SessionRequests._prompts_list, _params.ListPage),
-    "prompts/get": (SessionRequests._prompts_get, _params.PromptsGet),
-    "resources/list": (SessionRequests._resources_list, _params.ListPage),
-    "resources/templates/list": (SessionRequests._templates_list, _params.ListPage),
-    "resources/read": (SessionRequests._resources_read, _params.ResourceUri),
-    "resources/subscribe": (SessionRequests._subscribe, _params.ResourceUri),
-    "resources/unsubscribe": (SessionRequests._unsubscribe, _params.ResourceUri),
-    "completion/complete": (SessionRequests._complete, _params.Complete),
-    "logging/setLevel": (SessionRequests._set_level, _params.SetLevel),
+_HANDLERS: dict[str, tuple[Callable[[Requests, Message, dict[str, Any], Any], None], type]] = {
+    "initialize": (Requests._initialize, _params.Initialize),
+    "server/discover": (Requests._discover, _params.Plain),
+    "subscriptions/listen": (Requests._listen, _params.Listen),
+    "ping": (Requests._ping, _params.Plain),
+    "tools/list": (Requests._tools_list, _params.ListPage),
+    "tools/call": (Requests._tools_call, _params.ToolsCall),
+    "prompts/list": (Requests._prompts_list, _params.ListPage),
+    "prompts/get": (Requests._prompts_get, _params.PromptsGet),
+    "resources/list": (Requests._resources_list, _params.ListPage),
+    "resources/templates/list": (Requests._templates_list, _params.ListPage),
+    "resources/read": (Requests._resources_read, _params.ResourceUri),
+    "resources/subscribe": (Requests._subscribe, _params.ResourceUri),
+    "resources/unsubscribe": (Requests._unsubscribe, _params.ResourceUri),
+    "completion/complete": (Requests._complete, _params.Complete),
+    "logging/setLevel": (Requests._set_level, _params.SetLevel),
 }

@@ -38,40 +38,53 @@ members or members answered out of order never hang or mix batches.
 Which tasks run session code, and how each is fenced (one failing session never takes down a
 task that others depend on):
 - the session's connection task (`Daemon._run_session`, or an HTTP request task) runs
-  `handle_line`; `_handle` answers an unexpected exception in one request with an internal
+  `handle_line`; `Requests._handle` answers an unexpected exception in one request with an internal
   error (logged with its traceback) and the session goes on, and the daemon's per-connection
   fence ends only this connection for anything that escapes;
 - an upstream's reader task, shared by every session of that server, runs `_InFlight.__call__`
   (a reply), `upstream_notification`, `server_request` and `views_changed` (a relist); each
   catches whatever it raises, logs it with its traceback and closes only this session
-  (`_fault`), and `Upstream._dispatch` fences every callback once more;
+  (`Session.fault`), and `Upstream._dispatch` fences every callback once more;
 - the notifier task runs inside the connection's nursery, under the same per-connection fence.
 
 `close` answers every request still in flight (forwarded, listen streams, the backlog) with a
 SESSION_CLOSING error naming the reason before the session lets go, so on SIGTERM every call
 gets an answer while the client can still read one.
+
+The session is built of objects that each own their state, dependencies one way (the picture is in
+docs/architecture.md): `Requests` (the method table, the backlog, page walks) reads the `Catalog`
+(views, generations, settings, the notifier), forwards through the `Flights` (what is in flight
+with the upstreams, and what they send the client) and answers through the `ClientLink` (the
+client's protocol state and every write to it). `Session` builds them and is what the daemon, the
+pool (as each view's `ViewOwner`) and the catalog (as its `CatalogOwner`) meet; those two, and
+the link's and everyone's fault callbacks, hold it through a weak proxy, so nothing it owns
+keeps it alive and a closed session needs no cycle broken by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import traceback
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+from msgspec import Raw, UnsetType
 
-from mcpool.pool import Pool
-from mcpool.protocol import Message
+from mcpool.pool import Pool, Upstream
+from mcpool.protocol import SESSION_CLOSING, McpoolError, Message
 
-from ._core import _NO_PARKED
+from ._catalog import Catalog
 from ._cursors import CursorBook
-from ._eras import Batch
-from ._flight import SessionLog, Writer, _InFlight, _Listen, _no_log, _Relayed
-from ._forwarding import _Resume
+from ._flight import _InFlight, _Listen
+from ._flights import Flights
+from ._link import ClientLink, SessionLog, Writer, _no_log
 from ._login_notice import LoginDesk
-from ._names import MAX_NAME
-from ._registry import RegistryGeneration, empty_generation
-from ._requests import SessionRequests
+from ._reconcile import Desired
+from ._registry import RegistryGeneration, Route
+from ._requests import Requests
 from ._view import SessionView
 
 DEFAULT_PAGE_SIZE = 500  # most clients read one page; the SDK clients follow cursors
@@ -92,8 +105,24 @@ def _never(level: str) -> bool:
     return False
 
 
-class Session(SessionRequests):
-    __slots__ = ()  # SessionCore holds the slots
+class Session:
+    """One attached client's session: builds its objects and is what the daemon meets."""
+
+    # Slots: a daemon holds one Session per attached window, many of them idle.
+    __slots__ = (
+        "__weakref__",  # what a leak hunt (and its test) watches a closed session with
+        "_log",
+        "attached_at",
+        "catalog",
+        "cwd",
+        "flights",
+        "handle_line",
+        "id",
+        "link",
+        "name",
+        "on_close",
+        "requests",
+    )
 
     def __init__(
         self,
@@ -113,74 +142,250 @@ class Session(SessionRequests):
         self.id = session_id
         self.name = name
         self.cwd = cwd
-        self.pool = pool
-        self.out = out
-        self.page_size = page_size
-        self._log: SessionLog = log if log is not None else _no_log
-        self._log_enabled = log_enabled or (_never if log is None else _always)
         self.attached_at = attached_at
-        self.views: dict[str, SessionView] = {}
-        # The longest exposed name this session's client takes (session/_names.py): decided by
-        # `set_name_budget` and again when the client says who it is.
-        self.name_budget = MAX_NAME
-        self._budget_settings: tuple[int | None, int | None] = (None, None)
-        self.registry: RegistryGeneration = empty_generation()
-        self._signature: tuple[Any, ...] = ()
-        self.ready = False
-        # The first reconciliation has leased the servers (initialize may be answered).
-        self._views_known = False
-        # Messages before the first generation, each with the batch it came in (if any).
-        self._backlog: list[tuple[Message, Batch | None]] = []
-        self.initialize_answered = False
-        self.initialized = False
-        self.protocol_version: str | None = None
-        self.client_capabilities: dict[str, Any] = {}
-        self.client_info: dict[str, Any] = {}
-        self.inflight: dict[Any, _InFlight] = {}
-        self.pending_kinds: set[str] = set()
-        self._notify_wake = trio.Event()
-        # With `spawn` set (the daemon's connections), a notifier task exists only while
-        # notifications are pending; without it the owner runs `run_notifier()`.
-        self.spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None
-        self._notifying = False
-        self.settings_generation = 0
-        self._reconciling = False
-        self._dirty = False
-        self.last_error: str | None = None
-        # Server -> why its part of the latest candidate was rejected (S3, S8); `last_error`
-        # joins them for one-line displays.
-        self.registry_errors: dict[str, str] = {}
-        self.subscriptions: set[str] = set()
-        self.log_level: str | None = None
-        self.closed = False
-        self.close_reason: str | None = None
+        self._log: SessionLog = log if log is not None else _no_log
         self.on_close: Callable[[Session], None] | None = None
-        self.notifications_sent = 0
-        # Log and progress messages dropped while its client was behind (`send_lossy`).
-        self.lossy_dropped = 0
-        self.relayed: dict[str, _Relayed] = {}
-        self._relay_ids = itertools.count(1)
-        # None until the first request decides it (P1): HANDSHAKE or MODERN.
-        self.era: str | None = None
-        # A 2026-07-28 HTTP request's headers (lowercase names), set by the endpoint for the
-        # request's own session: a tools/call's Mcp-Param-* are checked against the tool it calls.
-        self.request_headers: dict[str, str] | None = None
-        self.listens: dict[Any, _Listen] = {}  # modern: open listen streams by request id
-        # While a batch member is being handled: the batch its synchronous answer joins.
-        self._batch: Batch | None = None
-        self._dropped: set[str] = set()  # kinds of dropped input already logged (once each)
-        # Requests waiting for their server's first start: client id -> its waiter (`_Resume`,
-        # which holds its batch); a dict only once one waits (most sessions never have one).
-        self._parked: dict[Any, _Resume] = _NO_PARKED
-        # Modern calls held for the client's retry with its input (session/_input.py), and
-        # whether the task that ends those whose retry never comes is running.
-        self._holding: list[_InFlight] = []
-        self._hold_timer = False
-        # Where a login-needing server's login is started for the client (issue 28), if the
-        # daemon gives one: the client that declared URL elicitation is asked to open it.
-        self.logins: LoginDesk | None = logins
-        self._login_told: dict[str, bool] = {}
+        # What the session owns meets it through a weak proxy: nothing below holds it strongly,
+        # so a closed session, its views and handles go by reference counting alone (the daemon
+        # freezes its heap and collects seldom) and no cycle is broken by hand on close.
+        up: Session = weakref.proxy(self)
+
+        def fault(where: str, exc: BaseException) -> None:
+            with contextlib.suppress(ReferenceError):  # a session no one holds is past faults
+                up.fault(where, exc)
+
+        def broken(reason: str) -> None:
+            with contextlib.suppress(ReferenceError):
+                up.close(reason)
+
+        self.link = ClientLink(session_id, out, self._log, broken)
+        self.flights = Flights(session_id, self.link, log=self._log, fault=fault, logins=logins)
+        self.catalog = Catalog(
+            session_id,
+            pool,
+            self.link,
+            self.flights,
+            up,
+            log=self._log,
+            log_enabled=log_enabled or (_never if log is None else _always),
+            fault=fault,
+        )
         # The daemon's book of listed lists, shared by its sessions (pages are cached on shared
         # lists); a session made alone keeps its own.
-        self.cursors = cursors if cursors is not None else CursorBook(trio.current_time)
-        self._walks: tuple[int, ...] = ()
+        self.requests = Requests(
+            session_id,
+            self.link,
+            self.catalog,
+            self.flights,
+            cursors=cursors if cursors is not None else CursorBook(trio.current_time),
+            page_size=page_size,
+            log=self._log,
+        )
+        # The daemon's connection task calls this for every line: bound once.
+        self.handle_line: Callable[[bytes], None] = self.requests.handle_line
+
+    # -- as its views (ViewOwner) and its catalog (CatalogOwner) meet it ------------------------
+
+    @property
+    def name_budget(self) -> int:
+        return self.catalog.name_budget
+
+    def views_changed(self, reason: str = "upstream") -> None:
+        self.catalog.views_changed(reason)
+
+    def upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None:
+        self.flights.upstream_notification(view, method, params)
+
+    def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
+        return self.flights.server_request(view, upstream, msg)
+
+    def servers_leased(self) -> None:
+        self.requests.answer_openers()
+
+    def first_generation(self) -> None:
+        self.requests.replay_backlog()
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """An unexpected exception in session code run by a task others share: log it with
+        its traceback and close this session only."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self._log(f"session {self.id}: internal error in {where}; session closed\n{trace}")
+        self.close(f"internal error in mcpool while handling {where} (see the daemon log)")
+
+    # -- as the daemon meets it -----------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Every request still waiting (forwarded, a listen stream, parked, the backlog) gets a
+        SESSION_CLOSING error naming `reason`, in one write (a client that can no longer read
+        loses nothing it could have had, and one that can, on SIGTERM or an oversized line,
+        hears why); then nothing an upstream waits on is left, the leases go, and the session
+        lets go of what points back at it."""
+        link = self.link
+        if not link.shut(reason):
+            return
+        closing = McpoolError(reason, message=f"Session closed: {reason}", code=SESSION_CLOSING)
+        link.write_last(
+            self.flights.unfinished_lines(closing) + self.requests.backlog_lines(closing)
+        )
+        self.flights.close(reason)
+        self.catalog.close()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close(self)
+        self.spawn = None  # the connection's nursery: nothing is started for it any more
+
+    def handle_message(self, msg: Message) -> None:
+        self.requests.handle_message(msg)
+
+    async def apply_settings(
+        self, desired: dict[str, Desired], settings_generation: int
+    ) -> list[tuple[str, str]]:
+        return await self.catalog.apply_settings(desired, settings_generation)
+
+    def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
+        self.catalog.set_name_budget(explicit=explicit, configured=configured)
+
+    def rebuild(self, reason: str = "settings") -> None:
+        self.catalog.rebuild(reason)
+
+    async def run_notifier(self) -> None:
+        await self.catalog.run_notifier()
+
+    def release_all(self) -> None:
+        self.catalog.release_all()
+
+    def holds(self, view: SessionView) -> bool:
+        return self.catalog.holds(view)
+
+    def refusal(self, route: Route) -> str | None:
+        return self.catalog.refusal(route)
+
+    @property
+    def awaiting_retry(self) -> bool:
+        return self.flights.awaiting_retry
+
+    def holds_state(self, state: Any) -> bool:
+        return self.flights.holds_state(state)
+
+    @property
+    def spawn(self) -> Callable[[Callable[[], Awaitable[None]]], None] | None:
+        return self.catalog.spawn
+
+    @spawn.setter
+    def spawn(self, spawn: Callable[[Callable[[], Awaitable[None]]], None] | None) -> None:
+        """The connection's nursery: the notifier, a held call's timer and a login notice run
+        there (without one, the owner runs `run_notifier()`)."""
+        self.catalog.spawn = spawn
+        self.flights.spawn = spawn
+
+    @property
+    def request_headers(self) -> dict[str, str] | None:
+        return self.link.request_headers
+
+    @request_headers.setter
+    def request_headers(self, headers: dict[str, str] | None) -> None:
+        self.link.request_headers = headers
+
+    # -- read by the daemon's displays and the tests --------------------------------------------
+
+    @property
+    def pool(self) -> Pool:
+        return self.catalog.pool
+
+    @property
+    def out(self) -> Writer:
+        return self.link.out
+
+    @property
+    def views(self) -> dict[str, SessionView]:
+        return self.catalog.views
+
+    @property
+    def registry(self) -> RegistryGeneration:
+        return self.catalog.registry
+
+    @property
+    def registry_errors(self) -> dict[str, str]:
+        return self.catalog.registry_errors
+
+    @property
+    def last_error(self) -> str | None:
+        return self.catalog.last_error
+
+    @property
+    def ready(self) -> bool:
+        return self.catalog.ready
+
+    @property
+    def settings_generation(self) -> int:
+        return self.catalog.settings_generation
+
+    @property
+    def pending_kinds(self) -> set[str]:
+        return self.catalog.pending_kinds
+
+    @property
+    def notifications_sent(self) -> int:
+        return self.catalog.notifications_sent
+
+    @property
+    def era(self) -> str | None:
+        return self.link.era
+
+    @property
+    def protocol_version(self) -> str | None:
+        return self.link.protocol_version
+
+    @property
+    def client_capabilities(self) -> dict[str, Any]:
+        return self.link.client_capabilities
+
+    @property
+    def client_info(self) -> dict[str, Any]:
+        return self.link.client_info
+
+    @property
+    def log_level(self) -> str | None:
+        return self.link.log_level
+
+    @property
+    def initialize_answered(self) -> bool:
+        return self.link.initialize_answered
+
+    @property
+    def initialized(self) -> bool:
+        return self.link.initialized
+
+    @property
+    def closed(self) -> bool:
+        return self.link.closed
+
+    @property
+    def close_reason(self) -> str | None:
+        return self.link.close_reason
+
+    @property
+    def lossy_dropped(self) -> int:
+        return self.link.lossy_dropped
+
+    @property
+    def inflight(self) -> dict[Any, _InFlight]:
+        return self.flights.inflight
+
+    @property
+    def listens(self) -> dict[Any, _Listen]:
+        return self.flights.listens
+
+    @property
+    def subscriptions(self) -> set[str]:
+        return self.flights.subscriptions
+
+    @property
+    def cursors(self) -> CursorBook[tuple[dict[str, Any], ...]]:
+        return self.requests.cursors
+
+    @property
+    def page_size(self) -> int:
+        return self.requests.page_size

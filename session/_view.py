@@ -14,7 +14,7 @@ import itertools
 import operator
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from msgspec import Raw, UnsetType
@@ -27,8 +27,6 @@ from ._policy import PolicyKey
 
 if TYPE_CHECKING:
     from mcpool.pool import Upstream
-
-    from ._session import Session
 
 
 class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
@@ -262,6 +260,25 @@ def restrict(proj: Projection, key: PolicyKey) -> Projection:
     return found
 
 
+class ViewOwner(Protocol):
+    """The session, as its views meet it: the names it takes, and where what an upstream sends
+    this session goes."""
+
+    @property
+    def name_budget(self) -> int: ...
+
+    def views_changed(self, reason: str = "upstream") -> None: ...
+
+    def upstream_notification(
+        self, view: SessionView, method: str, params: Raw | UnsetType
+    ) -> None: ...
+
+    def server_request(self, view: SessionView, upstream: Upstream, msg: Message) -> str | None:
+        """None when the request was taken, else why it cannot be (the upstream answers it
+        with an error)."""
+        ...
+
+
 class SessionView:
     """The pool's view callback for one handle, and the session's window on one server."""
 
@@ -269,7 +286,7 @@ class SessionView:
     __slots__ = ("__weakref__", "handle", "key", "name", "prefix", "session", "source")
 
     def __init__(
-        self, session: Session, name: str, key: PolicyKey, *, prefix: bool, source: str | None
+        self, session: ViewOwner, name: str, key: PolicyKey, *, prefix: bool, source: str | None
     ) -> None:
         self.session = session
         self.name = name
@@ -310,12 +327,24 @@ class SessionView:
         return changed
 
     # -- EntryListener -------------------------------------------------------------------------
+    # The owner is held weakly (a proxy: session/_session.py), so that a session goes by
+    # reference counting; these run in the pool's tasks, which every session shares, and a view
+    # whose session is gone (dropped without a close) does nothing rather than raise there.
 
     def snapshot_changed(self, entry: PoolEntry) -> None:
-        self.session.views_changed()
+        try:
+            self.session.views_changed()
+        except ReferenceError:
+            return  # (not contextlib.suppress: this runs on every notification)
 
     def upstream_notification(self, entry: PoolEntry, method: str, params: Raw | UnsetType) -> None:
-        self.session.upstream_notification(self, method, params)
+        try:
+            self.session.upstream_notification(self, method, params)
+        except ReferenceError:
+            return  # (not contextlib.suppress: this runs on every notification)
 
     def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Message) -> str | None:
-        return self.session.server_request(self, upstream, msg)
+        try:
+            return self.session.server_request(self, upstream, msg)
+        except ReferenceError:
+            return "the session this request was for is gone"

@@ -11,12 +11,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import structure
 
-# Packages whose circles the composition work has not undone yet; strict: once one is gone,
-# its mark must go too.
-STILL_CIRCULAR = {
-    "session": "Session's mixin rooms import each other (issue 27, in progress)",
-}
-
 
 def test_no_module_imports_trios_internals() -> None:
     assert structure.private_trio_imports() == []
@@ -26,18 +20,7 @@ def test_layers_point_one_way() -> None:
     assert structure.upward(structure.graph(all_imports=True)) == []
 
 
-@pytest.mark.parametrize(
-    "layer",
-    [
-        pytest.param(
-            layer,
-            marks=[pytest.mark.xfail(reason=STILL_CIRCULAR[layer], strict=True)]
-            if layer in STILL_CIRCULAR
-            else [],
-        )
-        for layer in structure.LAYERS
-    ],
-)
+@pytest.mark.parametrize("layer", structure.LAYERS)
 def test_no_package_is_an_import_circle(layer: str) -> None:
     circles = [c for c in structure.circles(structure.graph()) if structure.layer_of(c[0]) == layer]
     assert circles == []

@@ -21,7 +21,7 @@ from e2e.support import raw_attach
 
 from mcpool.daemon._connections import ConnectionServer
 from mcpool.daemon._daemon import Daemon
-from mcpool.session import Session
+from mcpool.session._requests import Requests
 
 STEP_TIMEOUT = 10.0  # an in-process round trip takes milliseconds; this only bounds a hang
 
@@ -43,14 +43,14 @@ def _faults(d: Daemon) -> list[dict[str, Any]]:
 async def test_an_unexpected_error_in_one_session_ends_that_connection_only(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = Session.handle_line
+    real = Requests.handle_line
 
-    def sabotaged(self: Session, line: bytes) -> None:
+    def sabotaged(self: Requests, line: bytes) -> None:
         if b"boom" in line:
             raise RuntimeError("a bug, injected by the test")
         real(self, line)
 
-    monkeypatch.setattr(Session, "handle_line", sabotaged)
+    monkeypatch.setattr(Requests, "handle_line", sabotaged)
     config = daemon.config_path
     async with (
         raw_socket_client(daemon.sock_path) as victim,

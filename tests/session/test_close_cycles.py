@@ -13,6 +13,7 @@ import json
 import weakref
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -20,6 +21,7 @@ from fakes import FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, to
 from msgspec import Raw
 
 from mcpool.pool import Pool, ServerSettings
+from mcpool.protocol import Message
 from mcpool.session import Session
 
 INITIALIZE = {
@@ -156,3 +158,34 @@ async def test_a_view_let_go_while_its_call_is_out_goes_once_the_call_ends(
     assert [r["id"] for r in out.responses()] == ["init", 1]
     await settle()
     assert dead(replaced) == []
+
+
+async def test_a_session_dropped_without_a_close_leaves_the_pools_tasks_unharmed(
+    nursery: trio.Nursery,
+) -> None:
+    # What a session owns holds it weakly (so no cycle keeps it): a view outliving it, still
+    # leased in the pool, is told of a list change, a notification and a server request in the
+    # pool's shared tasks; it does nothing there, and another session of the server is served.
+    net = FakeNet(srv=FakeServer([tool("a")]))
+    pool = make_pool(nursery, net)
+    other, other_out = await attach(nursery, pool, {"srv": stdio("srv")})
+    # No notifier task (which holds its session until the close): a session nothing holds.
+    dropped = Session("s2", name="s2", cwd=None, pool=pool, out=FakeWriter())
+    await dropped.apply_settings({"srv": desired("srv", stdio("srv"))}, 1)
+    view = dropped.views["srv"]
+    gone = weakref.ref(dropped)
+    del dropped
+    assert gone() is None
+    entry = view.handle.entry if view.handle is not None else None
+    assert entry is not None and view.handle is not None and not view.handle.released
+    snap = entry.snapshot
+    entry.publish(msgspec.structs.replace(snap, generation=snap.generation + 1, tools=()))
+    view.upstream_notification(entry, "notifications/message", Raw(b'{"level":"info"}'))
+    up = net.servers["srv"].current
+    ask = Message(jsonrpc="2.0", id=1, method="roots/list", params=Raw(b"{}"))
+    assert view.server_request(entry, up, ask) == "the session this request was for is gone"
+    await settle()
+    assert other.registry.tools == ()
+    assert "notifications/tools/list_changed" in [
+        f.get("method") for f in other_out.frames if "method" in f
+    ]

@@ -26,7 +26,7 @@ from fakes import (
 )
 
 from mcpool.session import Session, _requests
-from mcpool.session._requests import SessionRequests
+from mcpool.session._requests import Requests
 
 INIT = {
     "jsonrpc": "2.0",
@@ -146,7 +146,7 @@ async def _both(
 ) -> tuple[Any, Any]:
     direct = await _run(nursery, lines)
     with monkeypatch.context() as m:
-        m.setattr(SessionRequests, "_call_direct", lambda self, client_id, call: False)
+        m.setattr(Requests, "_call_direct", lambda self, client_id, call: False)
         general = await _run(nursery, lines)
     return direct, general
 
@@ -202,13 +202,13 @@ async def test_a_plain_call_takes_the_direct_path_and_reaches_the_upstream_renam
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     general: list[Any] = []
-    real = SessionRequests._tools_call
+    real = Requests._tools_call
 
     def spy(self: Any, *args: Any) -> None:
         general.append(args)
         real(self, *args)
 
-    monkeypatch.setattr(SessionRequests, "_tools_call", spy)
+    monkeypatch.setattr(Requests, "_tools_call", spy)
     answers, sent = await _run(nursery, [_line(1, CASES["plain"]), _line(2, CASES["meta"])])
     assert general == []  # neither went the general way
     assert sent == [
@@ -229,3 +229,62 @@ async def test_an_id_in_flight_is_refused_before_the_direct_path(
     assert len(upstream.sent) == 1
     (refused,) = out.frames
     assert refused["id"] == 9 and refused["error"]["code"] == -32600
+
+
+async def _mid_reload(
+    nursery: trio.Nursery, lines: list[bytes]
+) -> tuple[list[Any], list[Any], trio.Event]:
+    """`_run`'s answers and sends, with the session serving a generation its settings no longer
+    allow: a change excluded srv's tool `a`, removed server `gone` and waits for a slow one."""
+    net = FakeNet(
+        srv=FakeServer([tool("a"), tool("b")]), gone=FakeServer([tool("x")]), slow=FakeServer([])
+    )
+    out = FakeWriter()
+    session = Session("s1", name="s1", cwd=None, pool=make_pool(nursery, net), out=out)
+    await session.apply_settings(
+        {"srv": desired("srv", stdio("srv")), "gone": desired("gone", stdio("gone"))}, 1
+    )
+    session.handle_line(json.dumps(INIT).encode())
+    session.handle_line(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    await trio.testing.wait_all_tasks_blocked()
+    served = session.registry
+    net.servers["slow"].start_gate = gate = trio.Event()
+    changed = {
+        "srv": desired("srv", stdio("srv", excludeTools=["a"])),
+        "slow": desired("slow", stdio("slow")),
+    }
+    nursery.start_soon(session.apply_settings, changed, 2)
+    await trio.testing.wait_all_tasks_blocked()
+    assert session.registry is served  # still served, no longer allowed in part
+    out.frames.clear()
+    upstream: FakeUpstream = net.servers["srv"].current
+    for line in lines:
+        session.handle_line(line)
+        for uid, _method, _params in list(upstream.sent):
+            if uid in upstream._pending:
+                upstream.reply(uid, {"content": []})
+    sent = [(method, params) for _uid, method, params in upstream.sent]
+    return list(out.frames), sent, gate
+
+
+async def test_the_direct_path_refuses_what_the_general_path_refuses_while_a_reload_waits(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inlined copy of `Catalog.allows` in `_call_direct` against the general path, in the
+    # states where the served list and the policy disagree: a filtered tool, a removed server
+    # (its handle released), an allowed tool.
+    lines = [
+        _line(1, b'{"name":"srv__a","arguments":{}}'),
+        _line(2, b'{"name":"gone__x","arguments":{}}'),
+        _line(3, b'{"name":"srv__b","arguments":{}}'),
+    ]
+    answers, sent, gate = await _mid_reload(nursery, lines)
+    gate.set()
+    with monkeypatch.context() as m:
+        m.setattr(Requests, "_call_direct", lambda self, client_id, call: False)
+        general_answers, general_sent, general_gate = await _mid_reload(nursery, lines)
+        general_gate.set()
+    assert answers == general_answers
+    assert sent == general_sent == [("tools/call", {"name": "b", "arguments": {}})]
+    refused = [a["id"] for a in answers if a["result"].get("isError")]
+    assert refused == [1, 2]  # a tool error, as the general path answers an unknown tool

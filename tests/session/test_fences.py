@@ -17,6 +17,7 @@ from msgspec import Raw
 
 from mcpool.protocol import Message
 from mcpool.session import Session, _flight
+from mcpool.session._flights import Flights
 
 INIT = {
     "jsonrpc": "2.0",
@@ -91,14 +92,14 @@ async def test_a_failing_notification_or_server_request_closes_only_its_session(
     sessions = await _attached(nursery, net, ["victim", "bystander"])
     victim, _, victim_logs = sessions["victim"]
     bystander, bystander_out, _ = sessions["bystander"]
-    real = Session._upstream_notification
+    real = Flights._upstream_notification
 
-    def sabotaged(self: Session, *args: Any) -> None:
-        if self.name == "victim":
+    def sabotaged(self: Flights, *args: Any) -> None:
+        if self is victim.flights:
             raise RuntimeError("a bug in notification handling")
         real(self, *args)
 
-    monkeypatch.setattr(Session, "_upstream_notification", sabotaged)
+    monkeypatch.setattr(Flights, "_upstream_notification", sabotaged)
     upstream = net.servers["srv"].current
     params = Raw(b'{"level":"info","data":"hello"}')
     upstream.events.on_notification("notifications/message", params)
@@ -120,7 +121,7 @@ async def test_a_relayed_result_reaches_the_client_byte_for_byte(nursery: trio.N
     sessions = await _attached(nursery, net, ["s"])
     session, _out, _ = sessions["s"]
     lines: list[bytes] = []
-    session.out = _Lines(lines)
+    session.link.out = _Lines(lines)
     result = b'{ "content":[{"type":"text","text":"\\u00e9\\/"}], "n":1.50e1 }'
     for client_id, wire_id in ((7, b"7"), ('q"u\u00e9', b'"q\\"u\xc3\xa9"')):
         session.handle_line(

@@ -158,7 +158,7 @@ async def test_an_upstream_request_mid_call_is_answered_through_input_required(
     final = client.answer(3)["result"]
     assert final["content"][0]["text"] == "done"
     assert final["resultType"] == "complete"
-    assert not client.session._holding
+    assert not client.session.flights._holding
 
 
 async def test_an_answer_that_comes_before_the_retry_is_the_retrys(
@@ -229,7 +229,7 @@ async def test_a_retry_that_never_comes_ends_the_upstreams_request_and_call(
     await trio.sleep(2)
     assert [r[0] for r in up.refusals] == [70]
     assert [c[0] for c in up.cancelled] == [uid]
-    assert not client.session._holding
+    assert not client.session.flights._holding
     client.call(2, inputResponses={"elicitation-1": NAME}, requestState=state)
     assert client.answer(2)["error"]["data"]["requestState"] == "unknown"
 
@@ -248,7 +248,7 @@ async def test_a_cancelled_retry_cancels_the_held_call(nursery: trio.Nursery) ->
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
     client.session.handle_line(json.dumps(cancel).encode())
     assert [c[0] for c in up.cancelled] == [uid]
-    assert not client.session._holding and not client.session.inflight
+    assert not client.session.flights._holding and not client.session.inflight
 
 
 async def test_input_the_client_cannot_give_is_refused_to_the_upstream(
@@ -308,6 +308,6 @@ async def test_held_calls_are_bounded_per_session(nursery: trio.Nursery) -> None
     for n in range(MAX_HELD_CALLS + 1):
         client.call(n)
         up.ask(100 + n, "elicitation/create", ELICIT, on_stream_of=up.sent[-1][0])
-    assert len(session._holding) == MAX_HELD_CALLS
+    assert len(session.flights._holding) == MAX_HELD_CALLS
     ((rid, _, message),) = up.refusals
     assert rid == 100 + MAX_HELD_CALLS and "calls waiting for its input" in message

@@ -46,9 +46,9 @@ class Rig:
         self.pool: Pool = make_pool(nursery, self.net)
         self._generation = 0
 
-    def session(self, sid: str = "s1") -> tuple[Session, FakeWriter]:
+    def session(self, sid: str = "s1", log: LogLines | None = None) -> tuple[Session, FakeWriter]:
         out = FakeWriter()
-        session = Session(sid, name=sid, cwd=None, pool=self.pool, out=out)
+        session = Session(sid, name=sid, cwd=None, pool=self.pool, out=out, log=log)
         self.nursery.start_soon(session.run_notifier)
         return session, out
 
@@ -308,8 +308,7 @@ async def test_empty_or_whitespace_name_keeps_the_exact_previous_generation(
 ) -> None:
     logs = LogLines()
     rig = Rig(nursery, srv=FakeServer([tool("a")]))
-    session, out = rig.session()
-    session._log = logs
+    session, out = rig.session(log=logs)
     await rig.apply(session, {"srv": stdio()})
     handshake(session)
     await settle()

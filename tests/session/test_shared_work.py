@@ -152,18 +152,18 @@ async def test_a_cached_tools_page_is_answered_directly_byte_for_byte_as_the_gen
     pool = make_pool(nursery, net)
     session, out = await attach(nursery, pool, {"srv": stdio()}, "a", page_size=7)
     line = list_line(1, {})
-    session.out = BytesWriter()
-    assert not session._tools_page_direct(line)  # nothing cached yet
+    session.link.out = BytesWriter()
+    assert not session.requests._tools_page_direct(line)  # nothing cached yet
     assert session.out.data == b""
-    session.out = out
+    session.link.out = out
     pages = walk(session, out, "tools/list", "tools")  # fills the cache, through handle_line
     cursors = [None, *(page["nextCursor"] for page in pages[:-1])]
     for rid, cursor, page in zip(["x", 2, 3, 4], cursors, pages, strict=True):
         line = list_line(rid, {} if cursor is None else {"cursor": cursor})
         direct, general = BytesWriter(), BytesWriter()
-        session.out = direct
-        assert session._tools_page_direct(line)
-        session.out = general
+        session.link.out = direct
+        assert session.requests._tools_page_direct(line)
+        session.link.out = general
         session.handle_message(decode(line))
         assert bytes(direct.data) == bytes(general.data)
         assert direct.data.count(b"\n") == 1 and direct.data.endswith(b"}\n")
@@ -176,11 +176,11 @@ async def test_a_cached_tools_page_is_answered_directly_byte_for_byte_as_the_gen
         list_line(5, {"cursor": 7}),  # not a string: the general path says why
         list_line(5, {"cursor": cursors[1], "other": True}),
     ]
-    session.out = BytesWriter()
+    session.link.out = BytesWriter()
     for line in refused:
-        assert not session._tools_page_direct(line)
+        assert not session.requests._tools_page_direct(line)
     session.inflight[6] = object()  # type: ignore[assignment]  # an id in flight
-    assert not session._tools_page_direct(list_line(6, {}))
+    assert not session.requests._tools_page_direct(list_line(6, {}))
     del session.inflight[6]
     assert session.out.data == b""
 
@@ -240,7 +240,7 @@ async def test_kinds_changed_at_once_are_told_in_list_order_in_one_write(
     entry = entry_of(sessions[0][0], "srv")
     writers = []
     for session, _out in sessions:
-        session.out = writer = BytesWriter()
+        session.link.out = writer = BytesWriter()
         writes: list[bytes] = []
         writer.write = writes.append  # type: ignore[method-assign]
         writers.append((session, writes))

@@ -34,6 +34,7 @@ from mcpool.pool._entry import CUT_CALL_QUIET
 from mcpool.protocol import Message, response_line, strip_own_meta, without_own_meta
 from mcpool.session import Session
 from mcpool.session._flight import _InFlight
+from mcpool.session._link import SessionPhase
 
 SPOOF = {
     "mcpool/trust": True,
@@ -267,13 +268,21 @@ _values = st.recursive(
 )
 
 
+class _Link:
+    """What the hot path of `_InFlight.__call__` touches of the session's `ClientLink`."""
+
+    def __init__(self) -> None:
+        self.phase = SessionPhase.INITIALIZED
+        self.out = BytesWriter()
+
+
 class _Flights:
-    """What the hot path of `_InFlight.__call__` touches of its session and handle."""
+    """What the hot path of `_InFlight.__call__` touches of its `Flights` and handle."""
 
     def __init__(self) -> None:
         self.inflight: dict[Any, Any] = {}
-        self.closed = False
-        self.out = BytesWriter()
+        self.link = _Link()
+        self.out = self.link.out
         self.in_flight = 1
 
 

@@ -1,6 +1,6 @@
 """The synchronous work mcpool does per relayed tools/call, step by step, in-process.
 
-Replays what `Daemon._run_session` -> `Session._tools_call` -> `StdioUpstream.send_request`
+Replays what `Daemon._run_session` -> `Requests._tools_call` -> `StdioUpstream.send_request`
 and `StdioUpstream._read_stdout` -> `_dispatch` -> `_InFlight.__call__` do to one request and
 its response, with the same functions and encoders, and times each step (best of 5 runs of
 20,000). No I/O and no event loop: the difference between this sum and the latency benchmark's

@@ -1,39 +1,46 @@
-"""Settings and generations: reconciling the session's handles with its settings (R1-R6), the name
-budget, building and publishing registry generations (S2-S8), and the notifier that announces
-changed lists (S5).
+"""A session's catalog: its views (one per server), reconciled with its settings (R1-R6); the
+name budget; building and publishing registry generations (S2-S8); the lookups every request makes
+through the generation served (`holds`, `allows`, `refusal`, `resource_view`); and the notifier
+that announces changed lists (S5).
 
-A room of `Session` (session/_session.py): the rooms form one chain of base classes,
-_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
-below it define.
+It owns its views and generations and meets the rest through what it is given at construction:
+the pool (leases), the `ClientLink` (the client's era and info, writes), the `Flights` (a modern
+session's listen streams carry its list_changed) and a `CatalogOwner` (the session: the owner of
+its views, told when the servers are leased and when the first generation is published).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol
 
 import trio
 
-from mcpool.pool import Handle
-from mcpool.protocol import META_SUBSCRIPTION_ID, Message, notification
+from mcpool.pool import Handle, Pool
+from mcpool.protocol import (
+    INVALID_PARAMS,
+    META_SUBSCRIPTION_ID,
+    RESOURCE_NOT_FOUND,
+    McpoolError,
+    notification,
+)
 
 from ._clients import first_list_wait, lists_once
-from ._eras import MODERN, OPENERS
-from ._forwarding import SessionForwarding
-from ._names import name_budget
+from ._eras import MODERN
+from ._flights import Flights
+from ._link import ClientLink, SessionLog
+from ._names import MAX_NAME, name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
 from ._registry import (
     LIST_KINDS,
     CandidateRejected,
     RegistryGeneration,
+    Route,
     build_candidate,
+    empty_generation,
     followed,
 )
-from ._view import SessionView, projection_refs, shared_projection
-
-if TYPE_CHECKING:
-    from ._session import Session
-
+from ._view import SessionView, ViewOwner, projection_refs, shared_projection
 
 _projection_refs = projection_refs()
 
@@ -57,13 +64,149 @@ def _lists_once(client_info: dict[str, object], more: Sequence[str]) -> bool:
     return lists_once(name if isinstance(name, str) else None, more)
 
 
-class SessionGenerations(SessionForwarding):
-    __slots__ = ()  # SessionCore holds the slots
+class CatalogOwner(ViewOwner, Protocol):
+    """The session, as its catalog meets it."""
 
-    if TYPE_CHECKING:
-        # The requests room above (session/_requests.py) handles a message; the backlog kept
-        # until the first generation is replayed through it.
-        def _handle(self, msg: Message) -> None: ...
+    def servers_leased(self) -> None:
+        """The first reconciliation has leased the servers: initialize may be answered."""
+
+    def first_generation(self) -> None:
+        """The first generation is published: what waited for it is served."""
+
+
+class Catalog:
+    """One session's views and the registry generation it serves."""
+
+    __slots__ = (
+        "_budget_settings",
+        "_dirty",
+        "_flights",
+        "_log",
+        "_log_enabled",
+        "_notify_wake",
+        "_notifying",
+        "_owner",
+        "_reconciling",
+        "_sid",
+        "_signature",
+        "fault",
+        "last_error",
+        "link",
+        "name_budget",
+        "notifications_sent",
+        "pending_kinds",
+        "pool",
+        "ready",
+        "registry",
+        "registry_errors",
+        "settings_generation",
+        "spawn",
+        "views",
+        "views_known",
+    )
+
+    def __init__(
+        self,
+        sid: str,
+        pool: Pool,
+        link: ClientLink,
+        flights: Flights,
+        owner: CatalogOwner,
+        *,
+        log: SessionLog,
+        log_enabled: Callable[[str], bool],
+        fault: Callable[[str, BaseException], None],
+    ) -> None:
+        self._sid = sid
+        self.pool = pool
+        self.link = link
+        self._flights = flights
+        self._owner = owner
+        self._log = log
+        # Whether a line of this level would be kept (formatting skipped when not).
+        self._log_enabled = log_enabled
+        # An unexpected exception in code others' tasks run: logged, and this session closes.
+        self.fault = fault
+        self.views: dict[str, SessionView] = {}
+        # The longest exposed name this session's client takes (session/_names.py): decided by
+        # `set_name_budget` and again when the client says who it is.
+        self.name_budget = MAX_NAME
+        self._budget_settings: tuple[int | None, int | None] = (None, None)
+        self.registry: RegistryGeneration = empty_generation()
+        self._signature: tuple[Any, ...] = ()
+        self.ready = False  # the first generation is published
+        self.views_known = False  # the first reconciliation has leased the servers
+        self.settings_generation = 0
+        self._reconciling = False
+        self._dirty = False
+        self.last_error: str | None = None
+        # Server -> why its part of the latest candidate was rejected (S3, S8); `last_error`
+        # joins them for one-line displays.
+        self.registry_errors: dict[str, str] = {}
+        self.pending_kinds: set[str] = set()
+        self._notify_wake = trio.Event()
+        # With `spawn` set (the daemon's connections), a notifier task exists only while
+        # notifications are pending; without it the owner runs `run_notifier()`.
+        self.spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None
+        self._notifying = False
+        self.notifications_sent = 0
+
+    def close(self) -> None:
+        """The session closed: its leases go, and a notifier waiting wakes to end."""
+        self.release_all()
+        self._notify_wake.set()
+
+    def instructions(self) -> str | None:
+        """The served generation's instructions; before the first generation (L6), those of
+        the servers already up, joined the same way (a late server's cannot follow: the
+        protocol has no notification for them)."""
+        if self.ready:
+            return self.registry.instructions()
+        parts = []
+        for view in self.views.values():
+            text = view.projection().instructions
+            if text:
+                parts.append(f"## {view.name}\n{text.strip()}")
+        return "\n\n".join(parts) if parts else None
+
+    def release_all(self) -> None:
+        for view in self.views.values():
+            if view.handle is not None:
+                self.pool.release(view.handle)
+
+    def holds(self, view: SessionView) -> bool:
+        """S8: whether `view` is still this session's, on a handle it holds. The generation
+        being served may predate a settings change that removed, disabled or replaced its
+        server (while new entries start, or when a part was rejected)."""
+        handle = view.handle
+        return handle is not None and not handle.released and self.views.get(view.name) is view
+
+    def allows(self, route: Route | None) -> Route | None:
+        """S8: `route` when the session's current policy and handles allow it, else None: a
+        removed, disabled or filtered item is as unknown as one never listed."""
+        if route is None:
+            return None
+        view = route.view
+        handle = view.handle  # `holds`, inlined: this runs on every call
+        if handle is None or handle.released or self.views.get(view.name) is not view:
+            return None
+        return route if view.key.allows(route.upstream_name) else None
+
+    def refusal(self, route: Route) -> str | None:
+        """Why a call or get routed by `route` (a route of the served generation) is refused
+        now, or None when it goes through: `_allows`, with its reason. While a reload waits for
+        new servers the generation served predates the settings (S7, S8), and what they no
+        longer allow is still listed until it is published (`daemonctl tools` says so)."""
+        view = route.view
+        if not self.holds(view):
+            return (
+                f"server '{view.name}' is no longer this session's (removed, disabled or "
+                "replaced in its settings); still listed until the reload ends"
+            )
+        allowed, rule = view.key.explain(route.upstream_name)
+        if not allowed:
+            return f"hidden by policy ({rule}); still listed until the reload ends"
+        return None
 
     def held(self) -> dict[str, Held]:
         out = {}
@@ -81,7 +224,7 @@ class SessionGenerations(SessionForwarding):
         if settings_generation < self.settings_generation:
             # S6: a newer generation is already installed
             self._log(
-                f"session {self.id}: settings generation {settings_generation} discarded: "
+                f"session {self._sid}: settings generation {settings_generation} discarded: "
                 f"generation {self.settings_generation} is already installed"
             )
             return []
@@ -115,18 +258,17 @@ class SessionGenerations(SessionForwarding):
                     if old is not None and old.handle is not None:
                         # Replaced by other transport settings: closed at once if now unused.
                         self.pool.release(old.handle, replaced=True)
-                    session = cast("Session", self)  # every room is part of a Session
                     view = SessionView(
-                        session, d.name, d.key, prefix=d.settings.prefix, source=d.source
+                        self._owner, d.name, d.key, prefix=d.settings.prefix, source=d.source
                     )
-                    view.handle = self.pool.lease(d.identity, d.settings, self.id, view)
+                    view.handle = self.pool.lease(d.identity, d.settings, self._sid, view)
                     waiting.append(view.handle)
                     new_views[d.name] = view
                     replay = True
             self.views = {name: new_views[name] for name in desired if name in new_views}
-            if not self._views_known:
-                self._views_known = True
-                self._answer_initialize()
+            if not self.views_known:
+                self.views_known = True
+                self._owner.servers_leased()
             # L6, S7: each new server is waited for within its entry's startup budget, never
             # longer; one still starting is named in the log and arrives by list_changed. A
             # client that lists once waits longer for a server never seen up (issue 28); that
@@ -137,7 +279,7 @@ class SessionGenerations(SessionForwarding):
             # it slow while we wait (its budget began at the entry's creation, before ours).
             slow_before = [handle.entry.known_slow for handle in waiting]
             for lists_once in (False, True):
-                if lists_once and not _lists_once(self.client_info, options.list_once_clients):
+                if lists_once and not _lists_once(self.link.client_info, options.list_once_clients):
                     break
                 for handle in waiting:
                     entry = handle.entry
@@ -150,7 +292,7 @@ class SessionGenerations(SessionForwarding):
                     )
                     with trio.move_on_at(deadline):
                         await entry.ready.wait()
-            listed_once = _lists_once(self.client_info, options.list_once_clients)
+            listed_once = _lists_once(self.link.client_info, options.list_once_clients)
             for handle, was_slow in zip(waiting, slow_before, strict=True):
                 if not handle.entry.ready.is_set() and not handle.released:
                     if listed_once:  # waited the whole list-once budget: remembered slow
@@ -162,18 +304,18 @@ class SessionGenerations(SessionForwarding):
                         else "still starting after the first list's wait"
                     )
                     self._log(
-                        f"session {self.id}: server '{handle.identity.name}' is {why} "
+                        f"session {self._sid}: server '{handle.identity.name}' is {why} "
                         f"({handle.entry.state.value}); served without it, its items follow "
                         "by list_changed"
                     )
         finally:
             self._reconciling = False
-        if self.closed or settings_generation < self.settings_generation:
+        if self.link.closed or settings_generation < self.settings_generation:
             # S6: a newer settings generation was installed while this one waited for its
             # entries; its candidate is the one that counts, and nothing is notified for ours.
-            if not self.closed:
+            if not self.link.closed:
                 self._log(
-                    f"session {self.id}: candidate of settings generation {settings_generation} "
+                    f"session {self._sid}: candidate of settings generation {settings_generation} "
                     f"discarded: generation {self.settings_generation} was installed while it "
                     "waited for its servers"
                 )
@@ -188,11 +330,11 @@ class SessionGenerations(SessionForwarding):
         """`mcpool attach --max-name-length` and the daemon's `maxNameLength`; without either,
         the client's `clientInfo.name` decides (a known client's prefix and cap)."""
         self._budget_settings = (explicit, configured)
-        self._update_name_budget()
+        self.update_name_budget()
 
-    def _update_name_budget(self) -> None:
+    def update_name_budget(self) -> None:
         explicit, configured = self._budget_settings
-        client = self.client_info.get("name")
+        client = self.link.client_info.get("name")
         budget = name_budget(
             client if isinstance(client, str) else None, explicit=explicit, configured=configured
         )
@@ -206,11 +348,11 @@ class SessionGenerations(SessionForwarding):
         # Called from whichever task published a snapshot (an upstream's relist, a restart).
         if self._reconciling:
             self._dirty = True
-        elif not self.closed:
+        elif not self.link.closed:
             try:
                 self.rebuild(reason)
             except Exception as exc:
-                self._fault("a change of its servers' lists", exc)
+                self.fault("a change of its servers' lists", exc)
 
     def rebuild(self, reason: str = "settings") -> None:
         """Build and publish the next generation; `reason` (settings, upstream, budget) is for
@@ -266,10 +408,11 @@ class SessionGenerations(SessionForwarding):
             if self._log_enabled("debug"):
                 self._log_generation(cand, changed, reason)
         if not self.ready:
-            self._become_ready()
+            self.ready = True
+            self._owner.first_generation()
             return
-        if changed and self.initialized and not self.closed:
-            if not self._notifying and not self.pending_kinds and not self.out.buffered:
+        if changed and self.link.initialized and not self.link.closed:
+            if not self._notifying and not self.pending_kinds and not self.link.out.buffered:
                 # Nothing waits to be written: told now, the write itself and no task (S5:
                 # changes coalesce while a write is pending, and this one would not wait).
                 self._write_kinds(changed)
@@ -289,7 +432,7 @@ class SessionGenerations(SessionForwarding):
         errors = {r.server: r.describe() for r in rejected}
         for server, error in errors.items():
             if self.registry_errors.get(server) != error:
-                self._log(f"session {self.id}: registry candidate rejected: {error}")
+                self._log(f"session {self._sid}: registry candidate rejected: {error}")
         self.registry_errors = errors
         self.last_error = "; ".join(errors.values()) or None
 
@@ -302,53 +445,27 @@ class SessionGenerations(SessionForwarding):
         )
         what = f"changed: {', '.join(changed)}" if changed else "canonical view unchanged"
         self._log(
-            f"session {self.id}: generation {gen.number} published ({reason}): {counts}; {what}",
+            f"session {self._sid}: generation {gen.number} published ({reason}): {counts}; {what}",
             "debug",
         )
 
-    def _answer_initialize(self) -> None:
-        """The servers are leased: an initialize (or a 2026-07-28 server/discover) waiting in
-        the backlog is answered now, the rest waits for the first generation."""
-        backlog, self._backlog = self._backlog, []
-        outer = self._batch
-        try:
-            for msg, batch in backlog:
-                if msg.method in OPENERS:
-                    self._batch = batch
-                    self._handle(msg)
-                else:
-                    self._backlog.append((msg, batch))
-        finally:
-            self._batch = outer
-
-    def _become_ready(self) -> None:
-        self.ready = True
-        backlog, self._backlog = self._backlog, []
-        outer = self._batch
-        try:
-            for msg, batch in backlog:
-                self._batch = batch
-                self._handle(msg)
-        finally:
-            self._batch = outer
-
     async def run_notifier(self) -> None:
         """Send list_changed for changed kinds; coalesce while the socket has unsent data."""
-        while not self.closed:
+        while not self.link.closed:
             await self._notify_wake.wait()
             self._notify_wake = trio.Event()
             await self._send_pending()
 
     async def _notify_pending(self) -> None:
         try:
-            while self.pending_kinds and not self.closed:
+            while self.pending_kinds and not self.link.closed:
                 await self._send_pending()
         finally:
             self._notifying = False
 
     async def _send_pending(self) -> None:
-        if self.out.buffered:
-            await self.out.wait_drained()
+        if self.link.out.buffered:
+            await self.link.out.wait_drained()
         self._write_pending()
 
     def _write_pending(self) -> None:
@@ -357,22 +474,40 @@ class SessionGenerations(SessionForwarding):
 
     def _write_kinds(self, kinds: Collection[str]) -> None:
         """One list_changed per kind in `kinds`, in list order."""
-        if self.era is not MODERN:
+        if self.link.era is not MODERN:
             # (Once per session per change: 200 sessions, 200 times. A tuple's lines are found
             # made; any other collection's are made.)
             found = _LIST_CHANGED_LINES.get(kinds) if kinds.__class__ is tuple else None
             lines, count = found if found is not None else _list_changed_lines(kinds)
             if count:
                 self.notifications_sent += count
-                self.send(lines)
+                self.link.send(lines)
             return
         for kind in LIST_KINDS:
             if kind not in kinds:
                 continue
             method = f"notifications/{kind}/list_changed"
             # 2026-07-28: only on the listen streams that asked, stamped with their id.
-            for listen_id, listen in list(self.listens.items()):
+            for listen_id, listen in list(self._flights.listens.items()):
                 if kind in listen.kinds:
                     self.notifications_sent += 1
                     stamp = {"_meta": {META_SUBSCRIPTION_ID: listen_id}}
-                    self.send(notification(method, stamp))
+                    self.link.send(notification(method, stamp))
+
+    def resource_view(self, uri: str) -> SessionView:
+        gen = self.registry
+        view = gen.resource_view(uri)
+        if view is not None and self.holds(view):
+            return view
+        with_resources = [
+            v for v in gen.views if self.holds(v) and "resources" in v.projection().capabilities
+        ]
+        if len(with_resources) == 1:
+            return with_resources[0]
+        raise McpoolError(
+            f"no server of this session listed the resource {uri}",
+            message="Resource not found",
+            # The handshake era's code, or the modern era's (SEP-2164: invalid params).
+            code=INVALID_PARAMS if self.link.era is MODERN else RESOURCE_NOT_FOUND,
+            uri=uri,
+        )

@@ -1,16 +1,18 @@
-"""Traffic with upstreams: forwarding a request to its server (parked while the server starts), the
-notifications and requests an upstream sends this session's client, and the client's answers to
-those requests. A modern client takes no requests: a handshake-era server's input request
-during its call is carried by an `input_required` answer, the call held for the retry
-(session/_input.py; `_ask_modern`, `_retry_held`, `_expire_held`).
+"""A session's traffic with its upstreams (`Flights`): forwarding a request to its server (parked
+while the server starts), the requests in flight, the notifications and requests an upstream sends
+this session's client and the client's answers to them, the listen streams and subscriptions that
+decide which resource updates reach it, and the login notice. A modern client takes no requests: a
+handshake-era server's input request during its call is carried by an `input_required` answer, the
+call held for the retry (session/_input.py; `_ask_modern`, `_retry_held`, `_expire_held`).
 
-A room of `Session` (session/_session.py): the rooms form one chain of base classes,
-_core <- _forwarding <- _generations <- _requests <- _session, each using only what the rooms
-below it define.
+It meets the client through its `ClientLink` only; a fault closes the session through the `fault`
+callback given at construction.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -21,6 +23,7 @@ from mcpool.pool import LOGIN_NEEDED, EntryState, Upstream
 from mcpool.protocol import (
     INVALID_REQUEST,
     META_SUBSCRIPTION_ID,
+    SESSION_CLOSING,
     InvalidRequest,
     McpoolError,
     Message,
@@ -34,9 +37,8 @@ from mcpool.protocol import (
 )
 
 from . import _params
-from ._core import _NO_PARKED, SessionCore
 from ._eras import HANDSHAKE, MODERN, Batch, plan_for
-from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Relayed
+from ._flight import _CLIENT_CAPABILITY, _encoder, _InFlight, _Listen, _Relayed
 from ._input import (
     HOLDABLE,
     INPUT_METHODS,
@@ -48,6 +50,7 @@ from ._input import (
     is_ours,
     subject_of,
 )
+from ._link import ClientLink, SessionLog, closing_line
 from ._login_notice import (
     ANSWER_TIMEOUT,
     LoginDesk,
@@ -67,11 +70,11 @@ class _Resume:
     parked under its id names itself, a reference cycle that kept the session, its view and
     handle and the request alive until a full collection (rare in the daemon)."""
 
-    __slots__ = ("batch", "handle", "meta", "method", "msg", "params", "session", "view")
+    __slots__ = ("batch", "flights", "handle", "meta", "method", "msg", "params", "view")
 
     def __init__(
         self,
-        session: SessionForwarding,
+        flights: Flights,
         msg: Message,
         view: SessionView,
         method: str,
@@ -79,7 +82,7 @@ class _Resume:
         meta: _params.RequestMeta | None,
         batch: Batch | None,
     ) -> None:
-        self.session = session
+        self.flights = flights
         self.msg = msg
         self.view = view
         self.handle = view.handle
@@ -89,7 +92,7 @@ class _Resume:
         self.batch = batch
 
     def __call__(self, error: str | None) -> None:
-        self.session._resume(self, error)
+        self.flights._resume(self, error)
 
 
 class _ClientAnswer:
@@ -124,10 +127,135 @@ def _relayable(capabilities: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in capabilities.items() if k in ("sampling", "elicitation")}
 
 
-class SessionForwarding(SessionCore):
-    __slots__ = ()  # SessionCore holds the slots
+_NO_PARKED: dict[Any, _Resume] = {}  # shared and never written: `_park` gives a session its own
 
-    def _forward(
+Spawn = Callable[[Callable[[], Awaitable[None]]], None]
+
+
+class Flights:
+    """What a session has in flight with its upstreams, and what they send its client."""
+
+    __slots__ = (
+        "_hold_timer",
+        "_holding",
+        "_log",
+        "_login_told",
+        "_parked",
+        "_sid",
+        "fault",
+        "inflight",
+        "link",
+        "listens",
+        "logins",
+        "relay_ids",
+        "relayed",
+        "spawn",
+        "subscriptions",
+    )
+
+    def __init__(
+        self,
+        sid: str,
+        link: ClientLink,
+        *,
+        log: SessionLog,
+        fault: Callable[[str, BaseException], None],
+        logins: LoginDesk | None,
+    ) -> None:
+        self._sid = sid
+        self.link = link
+        self._log = log
+        # An unexpected exception in code others' tasks run: logged, and this session closes.
+        self.fault = fault
+        self.inflight: dict[Any, _InFlight] = {}
+        # Requests waiting for their server's first start: client id -> its waiter (`_Resume`,
+        # which holds its batch); a dict only once one waits (most sessions never have one).
+        self._parked: dict[Any, _Resume] = _NO_PARKED
+        # Modern calls held for the client's retry with its input (session/_input.py), and
+        # whether the task that ends those whose retry never comes is running.
+        self._holding: list[_InFlight] = []
+        self._hold_timer = False
+        self.relayed: dict[str, _Relayed] = {}
+        self.relay_ids = itertools.count(1)
+        self.listens: dict[Any, _Listen] = {}  # modern: open listen streams by request id
+        self.subscriptions: set[str] = set()  # handshake era: resources/subscribe'd URIs
+        # Where a login-needing server's login is started for the client (issue 28), if the
+        # daemon gives one: the client that declared URL elicitation is asked to open it.
+        self.logins = logins
+        self._login_told: dict[str, bool] = {}
+        # With `spawn` set (the daemon's connections), the tasks that bound a held call's
+        # retry and run a login notice can start; without it neither is offered.
+        self.spawn: Spawn | None = None
+
+    def in_use(self, client_id: Any) -> bool:
+        """Whether a request of the client's with this id is still open here."""
+        return client_id in self.inflight or client_id in self.listens
+
+    def cancelled(self, rid: Any, why: str) -> None:
+        """The client cancelled its request `rid` (not a listen stream): it gets no answer,
+        and its batch does not wait for one."""
+        flight = self.inflight.get(rid)
+        if flight is None and rid in self._parked:
+            batch = self._parked.pop(rid).batch
+            whole = batch.drop() if batch is not None else None
+            if whole is not None:
+                self.link.send(whole)
+        if flight is not None:
+            if flight.held is not None:  # a retry waiting on a held call: it ends too
+                self.let_go_held(flight, "the client cancelled the call", why)
+            flight.cut(why)
+            flight.finish()
+            if flight.batch is not None:
+                whole = flight.batch.drop()
+                if whole is not None:
+                    self.link.send(whole)
+
+    def progress_from_client(self, method: str, params: Raw | UnsetType, token: Any) -> None:
+        """Progress the client reports on a request an upstream sent it (P5)."""
+        for relay in self.relayed.values():
+            if relay.progress_token is not None and relay.progress_token == token:
+                relay.upstream.send_notification(method, params)
+                break
+
+    def unfinished_lines(self, closing: McpoolError) -> list[bytes]:
+        """The closing session's answers to every request still waiting here (forwarded,
+        listen streams, parked), each cut at its upstream."""
+        lines: list[bytes] = []
+
+        def answer(msg_id: Any, batch: Batch | None) -> None:
+            whole = closing_line(closing, msg_id, batch)
+            if whole is not None:
+                lines.append(whole)
+
+        reason = closing.reason
+        for flight in list(self.inflight.values()):
+            flight.cut(reason)
+            flight.finish()
+            answer(flight.client_id, flight.batch)
+        self.inflight.clear()
+        for listen_id in self.listens:
+            answer(listen_id, None)
+        for client_id, parked in self._parked.items():
+            answer(client_id, parked.batch)
+        self._parked = _NO_PARKED
+        return lines
+
+    def close(self, reason: str) -> None:
+        """After `unfinished_lines`: held calls are let go and every request an upstream sent
+        the client gets an error, so no upstream waits on this session."""
+        for flight in list(self._holding):
+            self.let_go_held(flight, "the session that owned this request disconnected", reason)
+        for relay in self.relayed.values():
+            relay.upstream.respond_error(
+                relay.upstream_id,
+                SESSION_CLOSING,
+                "the session that owned this request disconnected",
+                {"reason": reason},
+            )
+        self.relayed.clear()
+        self.listens.clear()
+
+    def forward(
         self,
         msg: Message,
         view: SessionView,
@@ -137,12 +265,12 @@ class SessionForwarding(SessionCore):
     ) -> None:
         handle = view.handle
         assert handle is not None
-        if self.era is MODERN and is_ours(params.get("requestState")):
+        if self.link.era is MODERN and is_ours(params.get("requestState")):
             self._retry_held(msg, view, method, params)  # a held call carries on
             return
         entry = handle.entry
         upstream = entry.upstream
-        if self.era is MODERN and "requestState" in params and entry.era == HANDSHAKE:
+        if self.link.era is MODERN and "requestState" in params and entry.era == HANDSHAKE:
             # A handshake-era server issues no requestState: this one is nobody's (MRTR: reject).
             raise StateRejected(
                 f"server '{view.name}' speaks a protocol without input_required, and this "
@@ -162,21 +290,21 @@ class SessionForwarding(SessionCore):
                 lastError=entry.last_error,
             )
         client_id = msg.id
-        flight = _InFlight(self, client_id, handle, entry, upstream, self._batch)
+        flight = _InFlight(self, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
         if meta is not None and meta.progressToken is not UNSET:
             flight.progress = entry.register_progress(handle, meta.progressToken)
             params["_meta"] = {**params["_meta"], "progressToken": flight.progress}
-        session_modern = self.era is MODERN
+        session_modern = self.link.era is MODERN
         if upstream.era == MODERN:
             # A modern client answers an input_required result itself; for a handshake-era one
             # mcpool turns it into the server-to-client requests it stands for (`_InputRound`),
             # so what it can be asked for is declared either way.
             params = upstream.prepare(
                 params,
-                self.client_capabilities
+                self.link.client_capabilities
                 if session_modern
-                else _relayable(self.client_capabilities),
+                else _relayable(self.link.client_capabilities),
             )
             if not session_modern:
                 flight.params = params
@@ -189,7 +317,7 @@ class SessionForwarding(SessionCore):
             if method in HOLDABLE:
                 # The upstream may ask for input mid-call: a retry must match this request.
                 flight.subject = subject_of(method, view.name, params)
-                flight.capabilities = self.client_capabilities  # this request's (2026-07-28)
+                flight.capabilities = self.link.client_capabilities  # this request's (2026-07-28)
         self.inflight[client_id] = flight
         try:
             flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
@@ -217,7 +345,7 @@ class SessionForwarding(SessionCore):
         if held.expired(now):
             # Let go of the upstream's call now; `held.retry` below answers this retry with
             # the expired-state error.
-            self._let_go_held(flight, "the client's retry came too late", "no retry in time")
+            self.let_go_held(flight, "the client's retry came too late", "no retry in time")
         responses = params.get("inputResponses")
         retry = held.retry(
             subject_of(method, view.name, params),
@@ -226,8 +354,8 @@ class SessionForwarding(SessionCore):
         )
         for ask, answer in retry.answers:
             flight.upstream.respond(ask.upstream_id, answer)
-        flight.client_id, flight.batch = msg.id, self._batch
-        flight.capabilities = self.client_capabilities  # the retry's envelope, from now on
+        flight.client_id, flight.batch = msg.id, self.link.batch
+        flight.capabilities = self.link.client_capabilities  # the retry's envelope, from now on
         if retry.then == "final":
             final, flight.held = held.final, None
             self._holding.remove(flight)
@@ -246,7 +374,7 @@ class SessionForwarding(SessionCore):
         if self.inflight.get(flight.client_id) is flight:
             del self.inflight[flight.client_id]
         # The upstream's input requests are in it: no mcpool/* _meta keys of its (X9).
-        self.deliver(flight.batch, without_own_meta(response(flight.client_id, result)))
+        self.link.deliver(flight.batch, without_own_meta(response(flight.client_id, result)))
         if not self._hold_timer and self.spawn is not None:
             self._hold_timer = True
             self.spawn(self._expire_held)
@@ -255,7 +383,7 @@ class SessionForwarding(SessionCore):
         """Let go of each held call whose retry did not come in time (one task per session,
         while any call waits for a retry)."""
         try:
-            while not self.closed:
+            while not self.link.closed:
                 deadlines = [
                     f.held.deadline for f in self._holding if f.held and not f.held.waiting
                 ]
@@ -265,7 +393,7 @@ class SessionForwarding(SessionCore):
                 now = trio.current_time()
                 for flight in list(self._holding):
                     if flight.held is not None and flight.held.expired(now):
-                        self._let_go_held(
+                        self.let_go_held(
                             flight,
                             f"the client did not retry within {INPUT_RETRY_TIMEOUT:g} s",
                             "no retry in time",
@@ -279,7 +407,7 @@ class SessionForwarding(SessionCore):
         capability = INPUT_METHODS.get(method)
         if capability is None:
             return (
-                f"the session speaks protocol {self.protocol_version}, where servers send no "
+                f"the session speaks protocol {self.link.protocol_version}, where servers send no "
                 f"requests; {method} cannot reach it"
             )
         if self.spawn is None:
@@ -316,7 +444,7 @@ class SessionForwarding(SessionCore):
         stream it came on (HTTP), else the only call of the session to that server still open."""
         related = getattr(upstream, "related_request", None)
         if isinstance(related, _InFlight):
-            return related if related.session is self else None
+            return related if related.flights is self else None
         open_calls = {id(f): f for f in self.inflight.values() if f.upstream is upstream}
         for f in self._holding:
             if f.upstream is upstream and f.uid >= 0:
@@ -339,7 +467,7 @@ class SessionForwarding(SessionCore):
             )
         handle = view.handle
         assert handle is not None
-        resume = _Resume(self, msg, view, method, params, meta, self._batch)
+        resume = _Resume(self, msg, view, method, params, meta, self.link.batch)
         if self._parked is _NO_PARKED:
             self._parked = {}
         self._parked[client_id] = resume
@@ -350,10 +478,10 @@ class SessionForwarding(SessionCore):
         client_id, view, method, params = parked.msg.id, parked.view, parked.method, parked.params
         handle = parked.handle
         assert handle is not None
-        if self._parked.get(client_id) is not parked or self.closed:
+        if self._parked.get(client_id) is not parked or self.link.closed:
             return  # cancelled, or the session closed (and answered it)
         del self._parked[client_id]
-        outer, self._batch = self._batch, parked.batch
+        outer, self.link.batch = self.link.batch, parked.batch
         try:
             if error is None and handle.released:
                 error = f"server '{view.name}' was removed from the session while starting"
@@ -366,13 +494,13 @@ class SessionForwarding(SessionCore):
                 raise UpstreamUnavailable(
                     view.name, error, state=entry.state.value, lastError=entry.last_error
                 )
-            self._forward(parked.msg, view, method, params, parked.meta)
+            self.forward(parked.msg, view, method, params, parked.meta)
         except McpoolError as exc:
-            self.send_error(client_id, exc)
+            self.link.send_error(client_id, exc)
         except Exception as exc:
-            self._fault(f"a {method} waiting for server '{view.name}'", exc)
+            self.fault(f"a {method} waiting for server '{view.name}'", exc)
         finally:
-            self._batch = outer
+            self.link.batch = outer
 
     # These run in the upstream's reader task, which every session of that server shares:
     # what the upstream sent is typed first (a malformed notification is dropped), and an
@@ -381,20 +509,20 @@ class SessionForwarding(SessionCore):
     def upstream_notification(
         self, view: SessionView, method: str, params: Raw | UnsetType
     ) -> None:
-        if self.closed or not self.initialize_answered:
+        if self.link.closed or not self.link.initialize_answered:
             return
         try:
             self._upstream_notification(view, method, params)
         except McpoolError as exc:
-            self._drop(f"a malformed {method} from server '{view.name}'", exc.reason)
+            self.link.drop(f"a malformed {method} from server '{view.name}'", exc.reason)
         except Exception as exc:
-            self._fault(f"{method} from server '{view.name}'", exc)
+            self.fault(f"{method} from server '{view.name}'", exc)
 
     def _upstream_notification(
         self, view: SessionView, method: str, params: Raw | UnsetType
     ) -> None:
         if method == LOGIN_NEEDED:
-            if self.initialized:  # else the client's initialized notification has it told
+            if self.link.initialized:  # else the client's initialized notification has it told
                 self.tell_login_needed(view.name)
             return
         if method == "notifications/cancelled":
@@ -407,24 +535,24 @@ class SessionForwarding(SessionCore):
                     out: dict[str, Any] = {"requestId": did}
                     if c.reason is not None:
                         out["reason"] = c.reason
-                    self.send(notification(method, out))
+                    self.link.send(notification(method, out))
             for flight in self._holding:
                 if flight.upstream is handle_upstream and flight.held is not None:
                     flight.held.drop(c.requestId)
             return
         if method == "notifications/message":
-            if self.era is MODERN and self.log_level is None:
+            if self.link.era is MODERN and self.link.log_level is None:
                 return  # 2026-07-28: no log messages unless a request asked for a level
-            if self.log_level is not None:
+            if self.link.log_level is not None:
                 level = _params.log_message(params).level
                 if level in LOG_LEVELS and LOG_LEVELS.index(level) < LOG_LEVELS.index(
-                    self.log_level
+                    self.link.log_level
                 ):
                     return
             # Lossy (X8): a flood is shed before a client that reads is cut for it.
-            self.send_lossy(without_own_meta(notification(method, params)))
+            self.link.send_lossy(without_own_meta(notification(method, params)))
         elif method == "notifications/progress":
-            self.send_lossy(without_own_meta(notification(method, params)))
+            self.link.send_lossy(without_own_meta(notification(method, params)))
         elif method == "notifications/resources/updated":
             updated = _params.resource_updated(params)  # the uri is a string from here on
             p = decode_params(params)
@@ -435,16 +563,16 @@ class SessionForwarding(SessionCore):
                 meta = {k: v for k, v in meta.items() if k != META_SUBSCRIPTION_ID}
                 p = {k: v for k, v in p.items() if k != "_meta"} | ({"_meta": meta} if meta else {})
                 params = UNSET
-            if self.era is not MODERN:
+            if self.link.era is not MODERN:
                 if uri in self.subscriptions:
                     line = notification(method, p if params is UNSET else params)
-                    self.send(without_own_meta(line))
+                    self.link.send(without_own_meta(line))
                 return
             rest = meta or {}
             for listen_id, listen in self.listens.items():
                 if uri in listen.uris:
                     stamped = {**p, "_meta": {**rest, META_SUBSCRIPTION_ID: listen_id}}
-                    self.send(without_own_meta(notification(method, stamped)))
+                    self.link.send(without_own_meta(notification(method, stamped)))
 
     def tell_login_needed(self, server: str) -> None:
         """Tell the client that `server` waits for the user's login (issue 28): an elicitation
@@ -452,9 +580,9 @@ class SessionForwarding(SessionCore):
         a warning log message; once per session."""
         failed = self._login_told.get(server)
         notice = login_notice(
-            modern=self.era is MODERN,
-            capabilities=self.client_capabilities,
-            log_level=self.log_level,
+            modern=self.link.era is MODERN,
+            capabilities=self.link.client_capabilities,
+            log_level=self.link.log_level,
             told=failed is not None,
             elicitation_failed=bool(failed),
         )
@@ -464,11 +592,13 @@ class SessionForwarding(SessionCore):
             spawn(lambda: self._elicit_login(logins, server))
             return
         if notice is LoginNotice.ELICIT_URL:  # nobody here to start a login: the warning
-            modern = self.era is MODERN
-            notice = LoginNotice.LOG if may_log(modern=modern, log_level=self.log_level) else notice
+            modern = self.link.era is MODERN
+            notice = (
+                LoginNotice.LOG if may_log(modern=modern, log_level=self.link.log_level) else notice
+            )
         if notice is LoginNotice.LOG:
             self._login_told[server] = False
-            self.send(
+            self.link.send(
                 notification(
                     "notifications/message",
                     {"level": "warning", "logger": "mcpool", "data": login_needed_text(server)},
@@ -481,15 +611,17 @@ class SessionForwarding(SessionCore):
         try:
             started = await logins.start(server)
         except McpoolError as exc:
-            self._log(f"session {self.id}: login of server '{server}' did not start: {exc.reason}")
+            self._log(
+                f"session {self._sid}: login of server '{server}' did not start: {exc.reason}"
+            )
             self._login_failed(server)
             return
         answer = _ClientAnswer()
-        downstream_id = f"mcpool-{next(self._relay_ids)}"
+        downstream_id = f"mcpool-{next(self.relay_ids)}"
         elicitation_id = f"mcpool-login-{downstream_id}"
         self.relayed[downstream_id] = _Relayed(answer, None, None)  # type: ignore[arg-type]
         params = elicitation_params(server, started.url, elicitation_id)
-        self.send(
+        self.link.send(
             encode(
                 Request("2.0", downstream_id, "elicitation/create", Raw(_encoder.encode(params)))
             )
@@ -500,9 +632,9 @@ class SessionForwarding(SessionCore):
         if not accepted(answer.result):
             self._login_failed(server)
             return
-        if await started.finished() and not self.closed:
+        if await started.finished() and not self.link.closed:
             del self._login_told[server]  # a later need of a login is told again
-            self.send(
+            self.link.send(
                 notification(
                     "notifications/elicitation/complete", {"elicitationId": elicitation_id}
                 )
@@ -519,33 +651,33 @@ class SessionForwarding(SessionCore):
         except McpoolError as exc:
             return f"malformed {msg.method}: {exc.reason}"
         except Exception as exc:
-            self._fault(f"{msg.method} from server '{view.name}'", exc)
+            self.fault(f"{msg.method} from server '{view.name}'", exc)
             return f"mcpool failed to relay {msg.method} (an internal error; see the daemon log)"
 
     def _server_request(self, upstream: Upstream, msg: Message) -> str | None:
         method = msg.method if isinstance(msg.method, str) else ""
-        if self.era is MODERN:
+        if self.link.era is MODERN:
             return self._ask_modern(upstream, msg, method)
         capability = _CLIENT_CAPABILITY.get(method)
-        if capability is not None and capability not in self.client_capabilities:
+        if capability is not None and capability not in self.link.client_capabilities:
             return f"the session does not support {method} (no {capability} capability)"
-        if not self.initialized or self.closed:
+        if not self.link.initialized or self.link.closed:
             return f"the session cannot take {method} now (handshake not complete)"
         meta = _params.relayed_request(msg.params).meta
         token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
-        downstream_id = f"mcpool-{next(self._relay_ids)}"
+        downstream_id = f"mcpool-{next(self.relay_ids)}"
         self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
         # Params are relayed byte for byte (omitted when the upstream sent none), but for
         # mcpool's own _meta keys (X9).
-        self.send(without_own_meta(encode(Request("2.0", downstream_id, method, msg.params))))
+        self.link.send(without_own_meta(encode(Request("2.0", downstream_id, method, msg.params))))
         return None
 
-    def _client_response(self, msg: Message) -> None:
+    def client_response(self, msg: Message) -> None:
         """A client's answer to a relayed request: to the upstream that asked, once it is a
         well-formed answer; one to a request never sent (or already answered) is dropped."""
         relay = self.relayed.pop(msg.id, None) if isinstance(msg.id, str) else None
         if relay is None:
-            self._drop("a response to no request", f"no relayed request has id {msg.id!r}")
+            self.link.drop("a response to no request", f"no relayed request has id {msg.id!r}")
             return
         wrong = _params.malformed_answer(msg.result, msg.error)
         if wrong is not None:
@@ -554,8 +686,60 @@ class SessionForwarding(SessionCore):
                 relay.upstream_id,
                 INVALID_REQUEST,
                 "the client's answer was malformed",
-                {"reason": wrong, "session": self.id},
+                {"reason": wrong, "session": self._sid},
             )
-            self._drop("a malformed answer to a relayed request", wrong)
+            self.link.drop("a malformed answer to a relayed request", wrong)
             return
         relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
+
+    # -- calls held for a modern client's retry (session/_input.py) -----------------------------
+
+    @property
+    def awaiting_retry(self) -> bool:
+        """Whether a held call waits for the client's retry (an HTTP endpoint keeps a one-POST
+        session open for it)."""
+        return any(f.held is not None and not f.held.waiting for f in self._holding)
+
+    def holds_state(self, state: Any) -> bool:
+        """Whether this session issued `state` for a held call still waiting for its retry."""
+        return is_ours(state) and self._held_by(state) is not None
+
+    def _held_by(self, state: Any) -> _InFlight | None:
+        """The held call whose retry `state` names, if this session holds one."""
+        return next((f for f in self._holding if f.held and f.held.state == state), None)
+
+    def held_answered(self, flight: _InFlight, msg: Message) -> None:
+        """A held call's upstream answered it: the input requests still pending are moot (each
+        gets an error, so the upstream never waits on them); kept for the retry when no request
+        waits for the answer, else the call is no longer held."""
+        held = flight.held
+        assert held is not None
+        self._refuse_asks(flight, "the call they were asked for has ended")
+        if held.waiting:
+            if flight in self._holding:
+                self._holding.remove(flight)
+        else:
+            held.final = msg
+
+    def _refuse_asks(self, flight: _InFlight, why: str, reason: str | None = None) -> None:
+        held = flight.held
+        if held is None:
+            return
+        asks, held.asks = held.asks, {}
+        for ask in asks.values():
+            flight.upstream.respond_error(
+                ask.upstream_id,
+                SESSION_CLOSING if reason is not None else INVALID_REQUEST,
+                why,
+                {"reason": reason if reason is not None else why, "session": self._sid},
+            )
+
+    def let_go_held(self, flight: _InFlight, why: str, reason: str) -> None:
+        """Give up a held call no request waits for (a retry that never came, or the session
+        closed): its upstream's pending input requests get an error and its call is cancelled."""
+        if flight in self._holding:
+            self._holding.remove(flight)
+        self._refuse_asks(flight, why, reason)
+        flight.cut(reason)
+        flight.held = None
+        flight.finish()
