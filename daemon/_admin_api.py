@@ -29,6 +29,7 @@ from mcpool.protocol import (
     error_response,
     response,
 )
+from mcpool.session import Interner
 from mcpool.session._cursors import CursorBook
 
 from . import _admin
@@ -87,6 +88,7 @@ class AdminApi:
         logins: Logins,
         *,
         cursors: CursorBook[tuple[dict[str, Any], ...]],
+        interner: Interner,
         spawn_shared: Callable[[Callable[[], Awaitable[None]]], None],
         commands: dict[str, _admin.Command],
     ) -> None:
@@ -97,6 +99,7 @@ class AdminApi:
         self._pool = pool
         self._logins = logins
         self._cursors = cursors
+        self._interner = interner
         # The daemon's shared nursery (the accept loop's), for the test hook testCrash.
         self._spawn_shared = spawn_shared
         self._commands = commands
@@ -173,7 +176,10 @@ class AdminApi:
             "heap": {"blocks": sys.getallocatedblocks(), "objects": len(gc.get_objects())},
             "pooling": self._files.options.pool,
             # What the daemon's own caches hold (issue 27 item 5).
-            "caches": {"cursors": self._cursors.statistics()},
+            "caches": {
+                "cursors": self._cursors.statistics(),
+                "interner": self._interner.statistics(),
+            },
             "options": msgspec.to_builtins(self._files.options),
             # One row per rejected server part (S3, S8), gone once a candidate no longer has it.
             "registry_errors": [

@@ -58,6 +58,7 @@ from typing import Any
 import trio
 
 from mcpool.pool import Guardian, Pool
+from mcpool.session import Interner
 from mcpool.session._cursors import CursorBook
 
 from . import _admin, _paths
@@ -192,7 +193,10 @@ class Daemon:
 
     def __init__(self, sock_path: str, config_path: str, log_level: str | None = None) -> None:
         self.process = DaemonProcess(sock_path, log_level)
-        self.settings = SettingsFiles(config_path, self.process)
+        # The daemon's interning tables (session/_interner.py), handed to the pool, the settings
+        # and every session; `daemonctl status --json` reports them.
+        self.interner = Interner()
+        self.settings = SettingsFiles(config_path, self.process, self.interner)
         self.attached = AttachedSessions()
         # `--http HOST:PORT`: the downstream streamable HTTP endpoint (daemon/_http.py), off
         # unless given; (host, port, allow_remote).
@@ -270,6 +274,7 @@ class Daemon:
                     guardian=guardian,
                     log=log,
                     snapshots=FileSnapshotStore(_paths.snapshots_dir(), log),
+                    tables=self.interner.pool,
                 )
                 pool_nursery.start_soon(guardian.watch, log)
                 # OAuth (issue 16): the token broker and logins running; made before any server
@@ -278,7 +283,13 @@ class Daemon:
                 leases = DaemonLeases(pool, self.settings, log)
                 host = SettingsHost(self.settings, self.attached, pool, leases, log)
                 sessions = Sessions(
-                    self.attached, host, pool, process, logins=logins, cursors=self.cursors
+                    self.attached,
+                    host,
+                    pool,
+                    process,
+                    logins=logins,
+                    cursors=self.cursors,
+                    interner=self.interner,
                 )
                 leases.keep_always()
                 if self.options.prewarm:
@@ -291,6 +302,7 @@ class Daemon:
                         pool,
                         logins,
                         cursors=self.cursors,
+                        interner=self.interner,
                         spawn_shared=conn_nursery.start_soon,
                         commands=self.commands,
                     )

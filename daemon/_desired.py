@@ -20,7 +20,7 @@ import msgspec
 
 from mcpool.pool import ServerSettings, identity_of
 from mcpool.protocol import SettingsError
-from mcpool.session import Desired, PolicyKey
+from mcpool.session import UNSHARED, Desired, Interner, PolicyKey
 
 from ._expand import SelfLaunch, check_cwd, for_session, skip_message
 from ._settings import settings_base_dir
@@ -46,12 +46,14 @@ def desired(
     config_path: str,
     cwd: str | None,
     is_folder: Callable[[str], bool] = os.path.isdir,
+    interner: Interner = UNSHARED,
 ) -> DesiredServers:
     """The servers a session desires. `layers`: each source file's servers, in the session's
     order; `overrides`: its runtime entries, name -> (settings, source); `env`: the values its
     settings' references expand from; `pooling`: false under the troubleshooting switch
     (`"pool": false`), where every session connects its own upstreams; `is_folder`: how a
-    stdio server's cwd is checked (the one look at the disk, given so a test can answer it)."""
+    stdio server's cwd is checked (the one look at the disk, given so a test can answer it);
+    `interner`: where its policy keys and identities are shared (the daemon's)."""
     merged: dict[str, tuple[ServerSettings, str]] = {}
     for path, servers in layers:
         for name, entry in servers.items():
@@ -66,7 +68,7 @@ def desired(
     for name, (entry, source) in merged.items():
         if entry.disabled:
             continue
-        key = PolicyKey.from_settings(entry)
+        key = PolicyKey.from_settings(entry, interner)
         try:
             entry = for_session(name, entry, env, source, from_session=from_session)
         except SettingsError as exc:
@@ -90,6 +92,7 @@ def desired(
                 base_dir=base,
                 session_roots=(cwd,) if cwd else (),
                 policy=None if pooling else key.encoded(),
+                tables=interner.pool,
             )
             check_cwd(name, identity, source, is_folder=is_folder)
         except SettingsError as exc:

@@ -135,7 +135,9 @@ class Logins:
             settings = loaded.servers.get(name)
             if settings is None:
                 continue
-            identity = identity_of(name, settings, base_dir=settings_base_dir(path, config))
+            identity = identity_of(
+                name, settings, base_dir=settings_base_dir(path, config), tables=self._pool.tables
+            )
             if Broker.key_of(identity) is None:
                 raise McpoolError(
                     f"server '{name}' does not use OAuth (stdio, an Authorization header, or "

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from mcpool.pool import Pool
-from mcpool.session import Session, new_session_id
+from mcpool.session import Interner, Session, new_session_id
 from mcpool.session._cursors import CursorBook
 from mcpool.session._login_notice import LoginDesk
 
@@ -30,8 +30,10 @@ class Sessions:
         *,
         logins: LoginDesk,
         cursors: CursorBook[tuple[dict[str, Any], ...]],
+        interner: Interner,
     ) -> None:
         self._attached = attached
+        self._interner = interner
         self._host = host
         self._files = host.files
         self._pool = pool
@@ -70,6 +72,7 @@ class Sessions:
             log_enabled=self._process.journal.enabled,
             logins=self._logins,
             cursors=self._cursors,
+            interner=self._interner,
         )
         session.set_name_budget(explicit=max_name_length, configured=options.max_name_length)
         record = SessionRecord(session, sources, via, env)

@@ -20,7 +20,7 @@ import msgspec
 from mcpool.pool import PoolOptions, ServerSettings, TransportIdentity, identity_of
 from mcpool.pool._environ import base_environment
 from mcpool.protocol import SettingsError
-from mcpool.session import Desired
+from mcpool.session import Desired, Interner
 
 from ._attached import SessionRecord
 from ._core import DaemonProcess
@@ -37,8 +37,9 @@ from ._watched import WatchedFiles
 
 
 class SettingsFiles:
-    def __init__(self, config_path: str, process: DaemonProcess) -> None:
+    def __init__(self, config_path: str, process: DaemonProcess, interner: Interner) -> None:
         self.config_path = config_path
+        self.interner = interner  # the daemon's: what sessions' settings share
         self._process = process
         self._log: Callable[..., None] = process.log
         self.files: dict[str, LoadedFile] = {}
@@ -116,6 +117,7 @@ class SettingsFiles:
             pooling=self.options.pool,
             config_path=self.config_path,
             cwd=record.session.cwd,
+            interner=self.interner,
         )
         for name, (source, error) in out.skipped.items():
             if record.skipped.get(name) != (source, error):
@@ -140,7 +142,7 @@ class SettingsFiles:
                 entry = for_session(
                     name, entry, base_environment(), self.config_path, from_session=False
                 )
-                identity = identity_of(name, entry, base_dir=base)
+                identity = identity_of(name, entry, base_dir=base, tables=self.interner.pool)
                 check_cwd(name, identity, self.config_path)
             except SettingsError:
                 continue

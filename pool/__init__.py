@@ -36,6 +36,8 @@ from ._snapshots import (
     StoredSnapshot,
 )
 from ._spec import (
+    UNSHARED_TABLES,
+    PoolTables,
     ServerSettings,
     TransportIdentity,
     identity_of,
@@ -51,6 +53,7 @@ __all__ = [
     "READ_GONE",
     "SNAPSHOT_FORMAT",
     "TERMINAL_STATES",
+    "UNSHARED_TABLES",
     "Discovered",
     "EncodedList",
     "EntryEvent",
@@ -64,6 +67,7 @@ __all__ = [
     "Pool",
     "PoolEntry",
     "PoolOptions",
+    "PoolTables",
     "RefreshRejected",
     "ServerSettings",
     "Snapshot",

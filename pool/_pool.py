@@ -57,7 +57,7 @@ from ._snapshots import (
     invalidation,
     to_record,
 )
-from ._spec import ServerSettings, TransportIdentity, capture_settings
+from ._spec import PoolTables, ServerSettings, TransportIdentity, capture_settings
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
 DEFAULT_DRAIN_GRACE = 30.0
@@ -196,8 +196,11 @@ class Pool:
         upstream_factory: Callable[..., Upstream] | None = None,
         log: Callable[..., None] | None = None,
         snapshots: SnapshotStore | None = None,
+        tables: PoolTables | None = None,
     ) -> None:
         self._nursery = nursery
+        # The daemon's interning tables for settings and identities (its `Interner`'s).
+        self.tables = tables if tables is not None else PoolTables()
         # Discoveries kept across daemon restarts (None: none kept).
         self._snapshots = snapshots
         self._options = options or PoolOptions()
@@ -278,7 +281,7 @@ class Pool:
             key = EntryKey(identity.name, identity.fingerprint)
         entry = self._entries.get(key)
         if entry is None or entry.state in TERMINAL_STATES or entry.closing:
-            entry = PoolEntry(key, identity, capture_settings(settings))
+            entry = PoolEntry(key, identity, capture_settings(settings, self.tables))
             entry.startup_deadline = trio.current_time() + self.options.startup_budget
             # A server seen before starts from its stored discovery (flagged cached).
             self._start_from_store(entry)
@@ -310,7 +313,9 @@ class Pool:
             entry.ready = trio.Event()
             entry.startup_deadline = trio.current_time() + self.options.startup_budget
             entry.restart_requested.set()
-        handle = Handle(entry, session_id, identity, capture_settings(settings), listener)
+        handle = Handle(
+            entry, session_id, identity, capture_settings(settings, self.tables), listener
+        )
         was_idle = entry.leases == 0
         entry.add_handle(next(self._handle_ids), handle)
         if was_idle:
@@ -474,7 +479,7 @@ class Pool:
                 server=handle.identity.name,
                 state=handle.entry.state.value,
             )
-        handle.settings = capture_settings(settings)
+        handle.settings = capture_settings(settings, self.tables)
 
     def restart(self, name: str) -> list[PoolEntry]:
         """Restart every live entry of that server now, without backoff (R6 keeps teardown).

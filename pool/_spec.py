@@ -20,7 +20,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from mcpool.protocol import SettingsError
+from mcpool.protocol import SettingsError, WeakTable
 
 from ._oauth_settings import OAuthSettings, oauth_identity
 
@@ -61,35 +61,48 @@ class ServerSettings(
     start: StartPolicy = "eager"
 
 
-def capture_settings(s: ServerSettings) -> ServerSettings:
+class PoolTables:
+    """The pool's interning tables (part of the daemon's `Interner`): captured settings and
+    transport identities, each shared by every holder of an equal value while one holds it.
+    Weak, and keyed by the encoded value rather than the object: an entry lives exactly as long
+    as some holder does, so a daemon that has seen a thousand projects' settings keeps only the
+    ones still attached."""
+
+    __slots__ = ("identities", "settings")
+
+    def __init__(self) -> None:
+        self.settings: WeakTable[bytes, ServerSettings] = WeakTable()
+        self.identities: WeakTable[bytes, TransportIdentity] = WeakTable()
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        return {"settings": self.settings.statistics(), "identities": self.identities.statistics()}
+
+
+# For a pool or a settings read made alone (tests, tools): the daemon hands its own.
+UNSHARED_TABLES = PoolTables()
+
+
+def capture_settings(s: ServerSettings, tables: PoolTables = UNSHARED_TABLES) -> ServerSettings:
     """A deep copy for a holder to keep (I2): `structs.replace` alone would share the caller's
     `args`, `env`, `headers`, `roots` and filter lists, so mutating them in place would reach
     into a pool entry or handle. Equal settings share one captured copy (holders never mutate
     it), so a thousand sessions with one settings file hold one copy per server."""
     key = _capture_encoder.encode(s)
-    found = _captured.get(key)
+    found = tables.settings.get(key)
     if found is None:
-        found = copy.deepcopy(s)
-        _captured[key] = found
+        found = tables.settings.put(key, copy.deepcopy(s))
     return found
 
 
-def intern_identity(identity: TransportIdentity) -> TransportIdentity:
+def intern_identity(
+    identity: TransportIdentity, tables: PoolTables = UNSHARED_TABLES
+) -> TransportIdentity:
     """One object per distinct identity, however many sessions hold it (memory, not meaning:
     identities compare by value either way)."""
-    key = _capture_encoder.encode(identity)
-    found = _identities.get(key)
-    if found is None:
-        found = _identities[key] = identity
-    return found
+    return tables.identities.intern(_capture_encoder.encode(identity), identity)
 
 
 _capture_encoder = msgspec.json.Encoder(order="deterministic")
-# Weak, and keyed by the encoded value rather than the object: an entry lives exactly as long
-# as some holder does, so a daemon that has seen a thousand projects' settings keeps only the
-# ones still attached.
-_captured: weakref.WeakValueDictionary[bytes, ServerSettings] = weakref.WeakValueDictionary()
-_identities: weakref.WeakValueDictionary[bytes, TransportIdentity] = weakref.WeakValueDictionary()
 
 
 # Each identity's fingerprint, while the identity lives (equal identities share one).
@@ -182,8 +195,9 @@ def identity_of(
     base_dir: str | None = None,
     session_roots: tuple[str, ...] = (),
     policy: str | None = None,
+    tables: PoolTables = UNSHARED_TABLES,
 ) -> TransportIdentity:
-    """Capture the transport identity of `s`.
+    """Capture the transport identity of `s` (interned in `tables`).
 
     `base_dir` is the folder the entry's relative paths mean something in: its settings file's
     folder. A stdio server with no `cwd` runs there, as the clients that read `.mcp.json` run it
@@ -214,7 +228,8 @@ def identity_of(
             roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
             policy=policy,
             oauth=oauth_identity(s.oauth) if kind != "stdio" else None,
-        )
+        ),
+        tables,
     )
 
 

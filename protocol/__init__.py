@@ -38,6 +38,7 @@ from ._errors import (
     UpstreamUnavailable,
 )
 from ._framing import DEFAULT_MAX_LINE, LineFramer
+from ._intern import ByteTable, WeakTable
 from ._jsonrpc import (
     ErrorResponse,
     JsonRpcId,
@@ -114,6 +115,7 @@ __all__ = [
     "UPSTREAM_CLOSED",
     "UPSTREAM_TIMEOUT",
     "UPSTREAM_UNAVAILABLE",
+    "ByteTable",
     "CannotStart",
     "ErrorObject",
     "ErrorResponse",
@@ -138,6 +140,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
+    "WeakTable",
     "canonical",
     "canonical_bytes",
     "decode",

@@ -1,6 +1,7 @@
 """mcpool.session: per-session views, registry generations, routing and reconciliation."""
 
 from ._flight import request_id
+from ._interner import UNSHARED, Interner
 from ._names import MAX_NAME, exposed_name, name_budget, seen_as, user_name_forms
 from ._policy import PolicyKey, normalize_include
 from ._reconcile import Action, ActionKind, Desired, Held, reconcile
@@ -20,11 +21,13 @@ __all__ = [
     "LIST_KINDS",
     "MAX_NAME",
     "SERVER_CAPABILITIES",
+    "UNSHARED",
     "Action",
     "ActionKind",
     "CandidateRejected",
     "Desired",
     "Held",
+    "Interner",
     "PolicyKey",
     "Projection",
     "RegistryGeneration",

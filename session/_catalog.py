@@ -28,6 +28,7 @@ from mcpool.protocol import (
 from ._clients import first_list_wait, lists_once
 from ._eras import MODERN
 from ._flights import Flights
+from ._interner import Interner
 from ._link import ClientLink, SessionLog
 from ._names import MAX_NAME, name_budget
 from ._reconcile import ActionKind, Desired, Held, reconcile
@@ -40,9 +41,7 @@ from ._registry import (
     empty_generation,
     followed,
 )
-from ._view import SessionView, ViewOwner, projection_refs, shared_projection
-
-_projection_refs = projection_refs()
+from ._view import SessionView, ViewOwner, shared_projection
 
 # The list_changed lines, encoded once (every session of a changed aggregate sends one).
 _LIST_CHANGED = {kind: notification(f"notifications/{kind}/list_changed") for kind in LIST_KINDS}
@@ -90,6 +89,7 @@ class Catalog:
         "_sid",
         "_signature",
         "fault",
+        "interner",
         "last_error",
         "link",
         "name_budget",
@@ -116,9 +116,11 @@ class Catalog:
         log: SessionLog,
         log_enabled: Callable[[str], bool],
         fault: Callable[[str, BaseException], None],
+        interner: Interner,
     ) -> None:
         self._sid = sid
         self.pool = pool
+        self.interner = interner  # the daemon's: projections, aggregates, canonical bytes
         self.link = link
         self._flights = flights
         self._owner = owner
@@ -259,7 +261,12 @@ class Catalog:
                         # Replaced by other transport settings: closed at once if now unused.
                         self.pool.release(old.handle, replaced=True)
                     view = SessionView(
-                        self._owner, d.name, d.key, prefix=d.settings.prefix, source=d.source
+                        self._owner,
+                        d.name,
+                        d.key,
+                        prefix=d.settings.prefix,
+                        source=d.source,
+                        interner=self.interner,
                     )
                     view.handle = self.pool.lease(d.identity, d.settings, self._sid, view)
                     waiting.append(view.handle)
@@ -363,6 +370,8 @@ class Catalog:
         # rejections' bookkeeping are inlined.
         views = tuple(self.views.values())
         budget = self.name_budget
+        interner = self.interner
+        refs = interner.projections.refs
         projections = []
         for view in views:
             handle = view.handle
@@ -370,12 +379,12 @@ class Catalog:
             entry = handle.entry
             snapshot = entry.snapshot
             key, name, prefix = view.key, view.name, view.prefix
-            ref = _projection_refs.get((entry, snapshot.generation, key, name, prefix, budget))
+            ref = refs.get((entry, snapshot.generation, key, name, prefix, budget))
             found = ref() if ref is not None else None
             projections.append(
                 found
                 if found is not None
-                else shared_projection(entry, snapshot, key, name, prefix, budget)
+                else shared_projection(entry, snapshot, key, name, prefix, budget, interner)
             )
         fresh = tuple(projections)
         # The views and their projections (compared by identity: Projection has eq=False).
@@ -394,6 +403,7 @@ class Catalog:
                 number=prev.number + 1,
                 settings_generation=self.settings_generation,
                 previous=prev,
+                interner=interner,
             )
         self._signature = signature
         if cand.rejected or self.registry_errors:

@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import msgspec
 from msgspec import UNSET
 
 from mcpool.pool import ServerSettings
+
+from ._interner import UNSHARED, Interner
 
 
 class PolicyKey(msgspec.Struct, frozen=True, weakref=True):
@@ -27,7 +28,7 @@ class PolicyKey(msgspec.Struct, frozen=True, weakref=True):
     always_load: bool = False
 
     @classmethod
-    def from_settings(cls, s: ServerSettings) -> PolicyKey:
+    def from_settings(cls, s: ServerSettings, interner: Interner = UNSHARED) -> PolicyKey:
         key = cls(
             trust=None if s.trust is UNSET else bool(s.trust),
             include=(
@@ -40,9 +41,7 @@ class PolicyKey(msgspec.Struct, frozen=True, weakref=True):
         )
         # One object per distinct policy: sessions sharing a policy share its key.
         fields = (key.trust, key.include, key.exclude, key.always_load)
-        found = _keys.get(fields)
-        if found is None:
-            found = _keys[fields] = key
+        found: PolicyKey = interner.policies.intern(fields, key)
         return found
 
     def allows(self, name: str) -> bool:
@@ -72,10 +71,9 @@ class PolicyKey(msgspec.Struct, frozen=True, weakref=True):
         return msgspec.json.encode(self.canonical()).decode()
 
 
-# Weak, keyed by the fields rather than the key itself (which would keep every key alive): a
-# policy is interned while some view holds it.
-_PolicyFields = tuple[bool | None, frozenset[str] | None, frozenset[str], bool]
-_keys: weakref.WeakValueDictionary[_PolicyFields, PolicyKey] = weakref.WeakValueDictionary()
+# Interned by the fields rather than the key itself (which would keep every key alive): a policy
+# is shared while some view holds it (`Interner.policies`).
+PolicyFields = tuple[bool | None, frozenset[str] | None, frozenset[str], bool]
 
 
 def normalize_include(name: str) -> str:

@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from mcpool.pool import spliced
+from mcpool.protocol import ByteTable
 
 from ._canoncache import canonical_of
 from ._changes import change_set
+from ._interner import UNSHARED, Interner
 from ._tables import patched_by, whole
 from ._view import Projection, predecessor, restrict
 
@@ -248,7 +250,7 @@ _tools_same: weakref.WeakKeyDictionary[Projection, tuple[weakref.ref[Projection]
 )
 
 
-def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
+def projection_canonical(proj: Projection, table: ByteTable) -> dict[str, Mapping[str, bytes]]:
     found = _projection_canonical.get(proj)
     if found is None:
         # Clones shared with the projection this one was made from keep their bytes.
@@ -265,7 +267,7 @@ def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
                 head,
                 tail,
                 old,
-                lambda t: old[t[0]] if id(t) in kept else canonical_of(t[2]),
+                lambda t: old[t[0]] if id(t) in kept else canonical_of(t[2], table),
             )
             if tools is not None:
                 # The rest of both tables is one copy: equal when the middles' entries are.
@@ -273,7 +275,7 @@ def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
                 came = {t[0]: tools[t[0]] for t in proj.tools[head : len(proj.tools) - tail]}
                 _tools_same[proj] = (weakref.ref(before), gone == came)
         if tools is None:
-            tools = {exposed: canonical_of(t) for exposed, _, t in proj.tools}
+            tools = {exposed: canonical_of(t, table) for exposed, _, t in proj.tools}
         if (
             link is not None
             and known is not None
@@ -285,15 +287,15 @@ def projection_canonical(proj: Projection) -> dict[str, Mapping[str, bytes]]:
         else:
             found = {
                 "tools": tools,
-                "prompts": {exposed: canonical_of(p) for exposed, _, p in proj.prompts},
+                "prompts": {exposed: canonical_of(p, table) for exposed, _, p in proj.prompts},
                 "resources": {
                     **{
-                        r["uri"]: canonical_of(r)
+                        r["uri"]: canonical_of(r, table)
                         for r in proj.resources
                         if isinstance(r.get("uri"), str)
                     },
                     **{
-                        "template:" + t["uriTemplate"]: canonical_of(t)
+                        "template:" + t["uriTemplate"]: canonical_of(t, table)
                         for t in proj.resource_templates
                         if isinstance(t.get("uriTemplate"), str)
                     },
@@ -354,8 +356,8 @@ def template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-_AggregateKey = tuple[tuple[int, str, bool], ...]
-_aggregates: weakref.WeakValueDictionary[_AggregateKey, Aggregate] = weakref.WeakValueDictionary()
+# Per the parts' projections (by id: alive while the aggregate holds them), names and prefixes.
+AggregateKey = tuple[tuple[int, str, bool], ...]
 
 
 # A part that serves nothing: a server whose every option was rejected.
@@ -411,6 +413,7 @@ def build_candidate(
     settings_generation: int,
     previous: RegistryGeneration | None = None,
     fresh: list[tuple[Projection, Snapshot]] | None = None,
+    interner: Interner = UNSHARED,
 ) -> RegistryGeneration:
     """A complete, validated candidate for `views`, one server's part at a time (S3, S8).
 
@@ -442,14 +445,13 @@ def build_candidate(
                 previous.good[i] if i < len(previous.good) else None,
             )
         )
-    move = _choose(views, fresh, served)
+    move = _choose(views, fresh, served, interner)
     projections = [proj for proj, _ in move.chosen]
     # Ids are stable while the aggregate (which holds the projections) is alive in the cache.
     key = tuple((id(p), v.name, v.prefix) for p, v in zip(projections, views, strict=True))
-    agg = _aggregates.get(key)
+    agg = interner.aggregates.get(key)
     if agg is None:
-        agg = _build_aggregate(views, projections)
-        _aggregates[key] = agg
+        agg = interner.aggregates.put(key, _build_aggregate(views, projections, interner))
     changes = (
         ()
         if previous is None
@@ -539,6 +541,7 @@ def _choose(
     views: list[SessionView],
     fresh: list[tuple[Projection, Snapshot]],
     served: list[tuple[Projection, Snapshot | None] | None],
+    interner: Interner,
 ) -> _Move:
     """Each view's part (projection, and the snapshot a later rejection falls back to), and the
     rejections, in view order. Depends only on the views' names, policies and budgets, their
@@ -563,7 +566,9 @@ def _choose(
             ):
                 chosen[index] = (last, good)
                 first.outcome = "its last accepted lists stay served"
-            elif _claim(views, index, narrowed := restrict(part, view.key), claims) is None:
+            elif (
+                _claim(views, index, narrowed := restrict(part, view.key, interner), claims) is None
+            ):
                 chosen[index] = (narrowed, good)
                 first.outcome = "its previous lists stay served, narrowed by the current filters"
             else:
@@ -723,7 +728,9 @@ def _claim(
     return None
 
 
-def _build_aggregate(views: list[SessionView], projections: list[Projection]) -> Aggregate:
+def _build_aggregate(
+    views: list[SessionView], projections: list[Projection], interner: Interner
+) -> Aggregate:
     agg = Aggregate()
     agg.projections = tuple(projections)
     tools: list[dict[str, Any]] = []
@@ -743,7 +750,7 @@ def _build_aggregate(views: list[SessionView], projections: list[Projection]) ->
     for index, proj in enumerate(projections):
         if not proj.available:
             continue
-        pc = projection_canonical(proj)
+        pc = projection_canonical(proj, interner.canonical)
         for kind in ("tools", "prompts"):
             parts[kind].append((*_part_tables(proj, index, kind), pc[kind]))
         for res in proj.resources:

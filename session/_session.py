@@ -80,6 +80,7 @@ from ._catalog import Catalog
 from ._cursors import CursorBook
 from ._flight import _InFlight, _Listen
 from ._flights import Flights
+from ._interner import UNSHARED, Interner
 from ._link import ClientLink, SessionLog, Writer, _no_log
 from ._login_notice import LoginDesk
 from ._reconcile import Desired
@@ -138,6 +139,7 @@ class Session:
         log_enabled: Callable[[str], bool] | None = None,
         logins: LoginDesk | None = None,
         cursors: CursorBook[tuple[dict[str, Any], ...]] | None = None,
+        interner: Interner | None = None,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -169,6 +171,8 @@ class Session:
             log=self._log,
             log_enabled=log_enabled or (_never if log is None else _always),
             fault=fault,
+            # The daemon's; a session made alone (tests, tools) shares the unshared one.
+            interner=interner if interner is not None else UNSHARED,
         )
         # The daemon's book of listed lists, shared by its sessions (pages are cached on shared
         # lists); a session made alone keeps its own.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -22,6 +22,7 @@ from msgspec import Raw, UnsetType
 from mcpool.pool import Handle, PoolEntry, Snapshot, spliced
 from mcpool.protocol import Message
 
+from ._interner import UNSHARED, Interner
 from ._names import MAX_NAME, exposed_name
 from ._policy import PolicyKey
 
@@ -45,11 +46,9 @@ class Projection(msgspec.Struct, frozen=True, weakref=True, eq=False):
 
 # Keyed by the entry object, not its lifecycle id: one key outlives many entries, and a
 # replacement entry numbers its snapshots from 1 again, so (lifecycle id, generation) can name two
-# different snapshots. The key holds the entry only while some projection of it is alive.
-_ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool, int]
-_cache: weakref.WeakValueDictionary[_ProjectionKey, Projection] = weakref.WeakValueDictionary()
-# Its key -> weak reference table, read directly on the hot path (typeshed omits `data`).
-_cache_refs: dict[_ProjectionKey, Callable[[], Projection | None]] = _cache.data  # type: ignore[attr-defined]
+# different snapshots. The key holds the entry only while some projection of it is alive. The
+# tables are the daemon's `Interner`'s (session/_interner.py).
+ProjectionKey = tuple[PoolEntry, int, PolicyKey, str, bool, int]
 
 
 def project(
@@ -196,15 +195,8 @@ def predecessor(proj: Projection) -> tuple[Projection, int, int] | None:
     return None if before is None else (before, found[1], found[2])
 
 
-def projection_refs() -> dict[_ProjectionKey, Callable[[], Projection | None]]:
-    """`shared_projection`'s cache as the weak references it holds: a hit is one dictionary
-    lookup and one call of the reference (for a caller that looks up once per session)."""
-    return _cache_refs
-
-
 # Per (entry, policy, names): its latest projection, which the next snapshot's builds on.
-_LatestKey = tuple[PoolEntry, PolicyKey, str, bool, int]
-_latest: weakref.WeakValueDictionary[_LatestKey, Projection] = weakref.WeakValueDictionary()
+LatestKey = tuple[PoolEntry, PolicyKey, str, bool, int]
 
 
 def shared_projection(
@@ -214,14 +206,15 @@ def shared_projection(
     server: str,
     prefix: bool,
     budget: int = MAX_NAME,
+    interner: Interner = UNSHARED,
 ) -> Projection:
     cache_key = (entry, snapshot.generation, key, server, prefix, budget)
     # (The weak dictionary's own `get` is Python: one frame more per view per change.)
-    ref = _cache_refs.get(cache_key)
+    ref = interner.projections.refs.get(cache_key)
     found = ref() if ref is not None else None
     if found is None:
         latest_key = (entry, key, server, prefix, budget)
-        previous = _latest.get(latest_key)
+        previous = interner.latest.get(latest_key)
         listed = entry.known_items.get("tools/list")
         found = project(
             snapshot,
@@ -232,31 +225,26 @@ def shared_projection(
             previous=previous,
             kept=listed.kept(snapshot.tools) if listed is not None else None,
         )
-        _cache[cache_key] = found
+        interner.projections.put(cache_key, found)
         if previous is None or previous.generation < found.generation:
-            _latest[latest_key] = found
+            interner.latest.put(latest_key, found)
     return found
 
 
-# A rejected server part's fallback narrowed by the current filters (see `restrict`): one object
-# per (projection, policy) while something serves it, so an unchanged fallback is no new part.
-_restricted: weakref.WeakValueDictionary[tuple[Projection, PolicyKey], Projection] = (
-    weakref.WeakValueDictionary()
-)
-
-
-def restrict(proj: Projection, key: PolicyKey) -> Projection:
+def restrict(proj: Projection, key: PolicyKey, interner: Interner = UNSHARED) -> Projection:
     """`proj` without the tools and prompts `key` no longer allows (the projection itself when
-    it allows them all): a server's previous lists under the session's current filters."""
+    it allows them all): a server's previous lists under the session's current filters. One
+    object per (projection, policy) while something serves it (`interner.restricted`), so an
+    unchanged fallback is no new part."""
     tools = tuple(t for t in proj.tools if key.allows(t[1]))
     prompts = tuple(p for p in proj.prompts if key.allows(p[1]))
     if len(tools) == len(proj.tools) and len(prompts) == len(proj.prompts):
         return proj
-    found = _restricted.get((proj, key))
+    found = interner.restricted.get((proj, key))
     if found is None:
         hidden = proj.hidden_tools + tuple(t[1] for t in proj.tools if not key.allows(t[1]))
         found = msgspec.structs.replace(proj, tools=tools, prompts=prompts, hidden_tools=hidden)
-        _restricted[(proj, key)] = found
+        interner.restricted.put((proj, key), found)
     return found
 
 
@@ -283,12 +271,29 @@ class SessionView:
     """The pool's view callback for one handle, and the session's window on one server."""
 
     # (`__weakref__`: what a leak hunt, and its test, watches a closed session's views with.)
-    __slots__ = ("__weakref__", "handle", "key", "name", "prefix", "session", "source")
+    __slots__ = (
+        "__weakref__",
+        "handle",
+        "interner",
+        "key",
+        "name",
+        "prefix",
+        "session",
+        "source",
+    )
 
     def __init__(
-        self, session: ViewOwner, name: str, key: PolicyKey, *, prefix: bool, source: str | None
+        self,
+        session: ViewOwner,
+        name: str,
+        key: PolicyKey,
+        *,
+        prefix: bool,
+        source: str | None,
+        interner: Interner = UNSHARED,
     ) -> None:
         self.session = session
+        self.interner = interner
         self.name = name
         self.key = key
         self.prefix = prefix
@@ -307,7 +312,7 @@ class SessionView:
         snapshot = entry.snapshot
         budget = self.session.name_budget
         return shared_projection(
-            entry, snapshot, self.key, self.name, self.prefix, budget
+            entry, snapshot, self.key, self.name, self.prefix, budget, self.interner
         ), snapshot
 
     def projection_of(self, snapshot: Snapshot) -> Projection:
@@ -315,7 +320,13 @@ class SessionView:
         view's current policy and names."""
         assert self.handle is not None
         return shared_projection(
-            self.handle.entry, snapshot, self.key, self.name, self.prefix, self.session.name_budget
+            self.handle.entry,
+            snapshot,
+            self.key,
+            self.name,
+            self.prefix,
+            self.session.name_budget,
+            self.interner,
         )
 
     def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:

@@ -143,19 +143,20 @@ def test_entry_without_command_or_url_is_a_settings_error() -> None:
 
 
 def test_captured_settings_and_identities_are_shared_while_held_and_forgotten_after() -> None:
-    from mcpool.pool import _spec
+    from mcpool.pool import PoolTables
     from mcpool.pool._spec import capture_settings
 
+    tables = PoolTables()
     marker = "interning-probe-unique-arg"
-    first = capture_settings(stdio(args=[marker]))
-    assert capture_settings(stdio(args=[marker])) is first  # equal settings, one copy
-    ident = identity_of("probe", stdio(args=[marker]))
-    assert identity_of("probe", stdio(args=[marker])) is ident
+    first = capture_settings(stdio(args=[marker]), tables)
+    assert capture_settings(stdio(args=[marker]), tables) is first  # equal settings, one copy
+    ident = identity_of("probe", stdio(args=[marker]), tables=tables)
+    assert identity_of("probe", stdio(args=[marker]), tables=tables) is ident
 
     def held() -> tuple[bool, bool]:
         return (
-            any(marker in s.args for s in _spec._captured.values()),
-            any(marker in i.args for i in _spec._identities.values()),
+            any(marker in s.args for s in tables.settings.values()),
+            any(marker in i.args for i in tables.identities.values()),
         )
 
     assert held() == (True, True)

@@ -8,7 +8,7 @@ import gc
 from fakes import stdio
 
 from mcpool.pool import identity_of
-from mcpool.session import PolicyKey, normalize_include
+from mcpool.session import Interner, PolicyKey, normalize_include
 
 
 def key(**fields: object) -> PolicyKey:
@@ -108,12 +108,13 @@ def test_mutating_settings_after_capture_changes_neither_key_nor_identity() -> N
 
 
 def test_equal_policies_share_one_key_only_while_one_is_held() -> None:
-    from mcpool.session import _policy
-
+    interner = Interner()
     settings = stdio(includeTools=["interning-probe"])
-    key = PolicyKey.from_settings(settings)
-    assert PolicyKey.from_settings(copy.deepcopy(settings)) is key
-    assert any(k.include == frozenset({"interning-probe"}) for k in _policy._keys.values())
+    key = PolicyKey.from_settings(settings, interner)
+    assert PolicyKey.from_settings(copy.deepcopy(settings), interner) is key
+    assert PolicyKey.from_settings(copy.deepcopy(settings)) is not key  # another interner's
+    assert [k.include for k in interner.policies.values()] == [frozenset({"interning-probe"})]
+    assert interner.statistics()["policies"] == {"entries": 1, "interned": 1}
     del key
     gc.collect()
-    assert not any(k.include == frozenset({"interning-probe"}) for k in _policy._keys.values())
+    assert interner.policies.values() == []

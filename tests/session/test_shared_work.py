@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 import msgspec
-import pytest
 import trio
 import trio.testing
 from fakes import BytesWriter, FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
@@ -20,11 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
-from mcpool.protocol import canonical_bytes, decode
-from mcpool.session import Session, _canoncache, _registry
+from mcpool.protocol import ByteTable, canonical_bytes, decode
+from mcpool.session import Session, _registry
 from mcpool.session._canoncache import canonical_of
 from mcpool.session._changes import change_set
 from mcpool.session._cursors import CursorBook
+from mcpool.session._interner import MAX_CANONICAL_BYTES, UNSHARED
 from mcpool.session._registry import LIST_KINDS, RegistryGeneration, build_candidate
 from mcpool.session._view import common_ends, project
 
@@ -306,24 +306,24 @@ json_values = st.recursive(
 
 @given(st.lists(json_values, max_size=6))
 def test_cached_canonical_bytes_are_the_computed_ones(items: list[Any]) -> None:
+    table = ByteTable(MAX_CANONICAL_BYTES)
     for item in items + items:  # the second pass is served from the table
-        assert canonical_of(item) == canonical_bytes(item)
+        assert canonical_of(item, table) == canonical_bytes(item)
     # Key order and set-like keyword order in a tool's schema make no difference, as for
     # canonical_bytes (an item's inputSchema is a schema, S4).
     schema = {"name": "t", "inputSchema": {"type": ["string", "null"], "required": ["b", "a"]}}
     reordered = {"inputSchema": {"required": ["a", "b"], "type": ["null", "string"]}, "name": "t"}
-    assert canonical_of(schema) == canonical_of(reordered) == canonical_bytes(schema)
+    assert canonical_of(schema, table) == canonical_of(reordered, table) == canonical_bytes(schema)
 
 
-def test_a_full_table_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_canoncache, "MAX_CACHED_BYTES", 200)
-    monkeypatch.setattr(_canoncache, "_table", {})
-    monkeypatch.setattr(_canoncache, "_held", 0)
+def test_a_full_table_starts_again() -> None:
+    table = ByteTable(200)
     for i in range(50):
         item = {"name": f"t{i}", "inputSchema": {"type": "object"}}
-        assert canonical_of(item) == canonical_bytes(item)
-        assert _canoncache._held <= 200
-    assert canonical_of({1, 2}) == canonical_bytes({1, 2})  # not JSON-encodable: computed
+        assert canonical_of(item, table) == canonical_bytes(item)
+        assert table.held <= 200
+    assert table.statistics()["resets"] > 0
+    assert canonical_of({1, 2}, table) == canonical_bytes({1, 2})  # not JSON-encodable: computed
 
 
 # -- a relist that keeps unchanged items (issue 17): reused work equals a fresh computation ------
@@ -335,7 +335,7 @@ tool_lists = st.lists(st.tuples(names, st.sampled_from(["1", "2"])), max_size=7)
 def clear_shared_caches() -> None:
     """Forget what builds reuse (projections stay: which part is unchanged is decided by their
     identity), so the next build validates and assembles from scratch."""
-    _registry._aggregates.clear()
+    UNSHARED.aggregates.clear()
     _registry._own_names.clear()
     _registry._projection_canonical.clear()
     _registry._part_tables_of.clear()
