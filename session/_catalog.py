@@ -505,17 +505,15 @@ class Catalog:
                     self.link.send(notification(method, stamp))
 
     def resource_view(self, uri: str) -> SessionView:
-        gen = self.registry
-        view = gen.resource_view(uri)
+        """The view of the server that lists `uri` or matches it by a template, among the
+        session's current servers (issue 29 item 7). A URI none of them claims is not
+        forwarded, not even to the one server with resources: a disabled or removed server's
+        URIs must not reach another server."""
+        view = self.registry.resource_view(uri)
         if view is not None and self.holds(view):
             return view
-        with_resources = [
-            v for v in gen.views if self.holds(v) and "resources" in v.projection().capabilities
-        ]
-        if len(with_resources) == 1:
-            return with_resources[0]
         raise McpoolError(
-            f"no server of this session listed the resource {uri}",
+            f"no server of this session lists the resource {uri} or matches it by a template",
             message="Resource not found",
             # The handshake era's code, or the modern era's (SEP-2164: invalid params).
             code=INVALID_PARAMS if self.link.era is MODERN else RESOURCE_NOT_FOUND,

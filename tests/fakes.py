@@ -54,10 +54,12 @@ class FakeServer:
         prompts: list[dict[str, Any]] | None = None,
         resources: list[dict[str, Any]] | None = None,
         instructions: str | None = None,
+        resource_templates: list[dict[str, Any]] | None = None,
     ) -> None:
         self.tools = list(tools or [])
         self.prompts = list(prompts or [])
         self.resources = list(resources or [])
+        self.resource_templates = list(resource_templates or [])
         self.instructions = instructions
         self.capabilities: dict[str, Any] = {"tools": {}, "prompts": {}, "resources": {}}
         self.start_failures = 0  # the next N starts raise before the handshake completes
@@ -191,7 +193,7 @@ class FakeUpstream:
             "tools/list": ("tools", self.server.tools),
             "prompts/list": ("prompts", self.server.prompts),
             "resources/list": ("resources", self.server.resources),
-            "resources/templates/list": ("resourceTemplates", []),
+            "resources/templates/list": ("resourceTemplates", self.server.resource_templates),
         }
         if method in lists:
             field, items = lists[method]

@@ -305,3 +305,42 @@ async def test_refusal_says_why_a_served_route_is_refused_while_a_reload_waits(
     with trio.fail_after(WAIT):
         await done.wait()
     assert [session.refusal(r) for r in session.registry.tool_routes.values()] == [None, None]
+
+
+# -- issue 29 item 7: a URI no current server claims is never forwarded ----------------------------
+
+
+async def test_a_uri_no_current_server_lists_or_matches_is_not_forwarded(
+    nursery: trio.Nursery,
+) -> None:
+    rig = Rig(
+        nursery,
+        docs=FakeServer(
+            [tool("a")],
+            resources=[{"uri": "file:///docs/a.md", "name": "a"}],
+            resource_templates=[{"uriTemplate": "file:///docs/{name}", "name": "doc"}],
+        ),
+        off=FakeServer([tool("b")], resources=[{"uri": "file:///off/b.md", "name": "b"}]),
+    )
+    session, out = await rig.attached({"docs": stdio("docs"), "off": stdio("off")})
+    # Listed, and matched by a template: forwarded to the server that claims it.
+    assert request(session, out, "1", "resources/read", uri="file:///docs/a.md") is None
+    assert request(session, out, "2", "resources/read", uri="file:///docs/other") is None
+    assert forwarded(rig, "docs", "resources/read") == [
+        {"uri": "file:///docs/a.md"},
+        {"uri": "file:///docs/other"},
+    ]
+    # `off` is disabled: `docs` is now the only server with resources, and is not asked.
+    await rig.apply(session, {"docs": stdio("docs")})
+    await settle()
+    for rid, method, uri in [
+        ("3", "resources/read", "file:///off/b.md"),
+        ("4", "resources/subscribe", "file:///off/b.md"),
+        ("5", "resources/read", "file:///nobody/lists/this"),
+    ]:
+        answer = request(session, out, rid, method, uri=uri)
+        assert answer is not None and answer["error"]["code"] == -32002, answer
+        assert uri in answer["error"]["data"]["reason"]
+        assert answer["error"]["data"]["uri"] == uri
+    assert len(forwarded(rig, "docs", "resources/read")) == 2
+    assert forwarded(rig, "docs", "resources/subscribe") == []
