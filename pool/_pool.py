@@ -17,7 +17,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -269,8 +269,16 @@ class Pool:
         settings: ServerSettings,
         session_id: str,
         listener: EntryListener,
+        *,
+        log_level: str | None = None,
+        subscriptions: Iterable[str] = (),
     ) -> Handle:
-        """Synchronous part of acquire: find or create the entry and take a lease (L1)."""
+        """Synchronous part of acquire: find or create the entry and take a lease (L1).
+
+        `log_level` and `subscriptions`: what the session asked of this server before, on the
+        connection this lease replaces (issue 29 item 5). They join the entry's shared level and
+        subscriptions with the lease; a running upstream is told what that changes now, one
+        that starts later by `_restore_shared_state`, as after a restart or a crash: one path."""
         if self._closing:
             raise McpoolError(
                 "the daemon is shutting down", message="Session closing", code=SESSION_CLOSING
@@ -316,8 +324,18 @@ class Pool:
         handle = Handle(
             entry, session_id, identity, capture_settings(settings, self.tables), listener
         )
+        handle.log_level = log_level
+        carried = set(subscriptions)
+        if carried:
+            handle.subscriptions = carried
+        level_before = entry.effective_log_level()
+        unheld = [uri for uri in sorted(carried) if not entry.shared.held(uri)]
         was_idle = entry.leases == 0
         entry.add_handle(next(self._handle_ids), handle)
+        upstream = entry.upstream
+        if upstream is not None and upstream.alive:
+            level = entry.effective_log_level()
+            _tell_shared_state(upstream, level if level != level_before else None, unheld)
         if was_idle:
             entry.leased_since = trio.current_time()
             entry.move_deadline(math.inf)
@@ -1115,10 +1133,14 @@ def _ignore(msg: Message) -> None:
 
 def _restore_shared_state(entry: PoolEntry, upstream: Upstream) -> None:
     """After a (re)start: the level and subscriptions the sessions asked for apply again."""
-    level = entry.effective_log_level()
+    _tell_shared_state(upstream, entry.effective_log_level(), sorted(entry.subscribed_uris()))
+
+
+def _tell_shared_state(upstream: Upstream, level: str | None, uris: Iterable[str]) -> None:
+    """The upstream is told the level and subscriptions its sessions hold (None: no change)."""
     if level is not None:
         upstream.send_request("logging/setLevel", _json({"level": level}), _ignore)
-    for uri in sorted(entry.subscribed_uris()):
+    for uri in uris:
         upstream.send_request("resources/subscribe", _json({"uri": uri}), _ignore)
 
 

@@ -257,7 +257,11 @@ class Catalog:
                     replay |= old.update(d.key, prefix=d.settings.prefix, source=d.source)
                     new_views[d.name] = old
                 else:  # ACQUIRE, REPLACE
+                    # What the session asked of this server follows it to the new connection
+                    # (issue 29 item 5): its log level, and the URIs it subscribed to there.
+                    carried: frozenset[str] | set[str] = frozenset()
                     if old is not None and old.handle is not None:
+                        carried = set(old.handle.subscriptions)
                         # Replaced by other transport settings: closed at once if now unused.
                         self.pool.release(old.handle, replaced=True)
                     view = SessionView(
@@ -268,7 +272,14 @@ class Catalog:
                         source=d.source,
                         interner=self.interner,
                     )
-                    view.handle = self.pool.lease(d.identity, d.settings, self._sid, view)
+                    view.handle = self.pool.lease(
+                        d.identity,
+                        d.settings,
+                        self._sid,
+                        view,
+                        log_level=self.link.log_level,
+                        subscriptions=carried,
+                    )
                     waiting.append(view.handle)
                     new_views[d.name] = view
                     replay = True
