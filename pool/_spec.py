@@ -28,6 +28,8 @@ TransportKind = Literal["stdio", "http", "sse"]
 Scope = Literal["shared", "workspace", "session"]
 # When the process runs (L6): a policy, never part of the transport identity (I1).
 StartPolicy = Literal["eager", "lazy", "always"]
+# The revisions a server may be pinned to (`protocolVersion`): mcpool speaks each.
+PinnedVersion = Literal["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
 
 FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
 
@@ -59,6 +61,9 @@ class ServerSettings(
     # OAuth for an HTTP/SSE server (issue 16): pre-registered client, scopes, callback port.
     oauth: OAuthSettings | None = None
     start: StartPolicy = "eager"
+    # Pins the protocol revision mcpool speaks to the server (issue 29 item 1): a handshake-era
+    # one skips the `server/discover` probe and asks `initialize` at it; 2026-07-28 requires it.
+    protocol_version: PinnedVersion | None = None
 
 
 class PoolTables:
@@ -152,6 +157,8 @@ class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
     policy: str | None = None
     # The canonical OAuth settings: entries that differ in them hold different logins.
     oauth: str | None = None
+    # The revision pinned by the `protocolVersion` setting: another connection than the unpinned.
+    protocol_version: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -228,6 +235,7 @@ def identity_of(
             roots=tuple(sorted(session_roots)) if s.scope == "workspace" else (),
             policy=policy,
             oauth=oauth_identity(s.oauth) if kind != "stdio" else None,
+            protocol_version=s.protocol_version,
         ),
         tables,
     )

@@ -611,13 +611,22 @@ class Upstream:
 
     async def _handshake(self) -> None:
         """P1: probe `server/discover`, bounded; any error or no answer means `initialize`."""
-        if self.known_era != _eras.HANDSHAKE and await self._probe():
+        pinned = self.identity.protocol_version  # the `protocolVersion` setting, if any
+        if pinned == MODERN_VERSION:
+            if await self._probe():
+                return
+            raise CannotStart(
+                self.name,
+                f"server '{self.name}' does not answer server/discover at {MODERN_VERSION}, "
+                'which its "protocolVersion" setting requires',
+            )
+        if pinned is None and self.known_era != _eras.HANDSHAKE and await self._probe():
             return
         try:
             result = await self.call(
                 "initialize",
                 {
-                    "protocolVersion": LATEST_HANDSHAKE,
+                    "protocolVersion": pinned or LATEST_HANDSHAKE,
                     "capabilities": UPSTREAM_CLIENT_CAPABILITIES,
                     "clientInfo": _client_info(),
                 },

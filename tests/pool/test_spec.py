@@ -201,3 +201,17 @@ def test_identity_redacts_its_env_and_header_values_in_any_quoted_form() -> None
     assert stdio_ident.redact("key k€y-SECRET, 'k\\xe2\\x82\\xacy-SECRET', exit 1") == (
         "key <redacted>, '<redacted>', exit 1"  # short values ("1") are not secrets
     )
+
+
+def test_a_pinned_revision_is_another_connection() -> None:
+    assert fp() != fp(protocolVersion="2025-06-18") != fp(protocolVersion="2026-07-28")
+    assert fp(protocolVersion="2025-06-18") == fp(protocolVersion="2025-06-18")
+
+
+def test_the_revisions_a_server_may_be_pinned_to_are_those_mcpool_speaks() -> None:
+    from typing import get_args
+
+    from mcpool.pool._spec import PinnedVersion
+    from mcpool.protocol import HANDSHAKE_VERSIONS, MODERN_VERSION
+
+    assert set(get_args(PinnedVersion)) == {*HANDSHAKE_VERSIONS, MODERN_VERSION}
