@@ -241,6 +241,8 @@ class AdminApi:
                     "tools": len(e.snapshot.tools),
                     "snapshot": describe_snapshot(e.snapshot),
                     "in_flight": up.in_flight if up is not None else 0,
+                    # Calls from different sessions taken in turn (pool/_turns.py)
+                    "turns": e.turns.statistics(),
                     # Log and progress messages whose session had gone (X8): dropped.
                     "dropped_notifications": e.dropped_notifications,
                     "transport_detail": e.identity.describe(),

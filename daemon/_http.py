@@ -1801,6 +1801,9 @@ class HttpEndpoint:
                 traceback=traceback.format_exc(),
             )
         finally:
+            # Its nursery is closed: a stream whose client goes away after this is closed, not
+            # left to an expiry task that can no longer start (the error it was).
+            hs.spawn = None
             self.sessions.pop(hs.id, None)
             hs.outbox.close()
             # The session's writer calls back into this record of it (a reference cycle that

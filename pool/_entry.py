@@ -29,6 +29,7 @@ from ._reuse import KnownItems
 from ._shared import SharedCounts
 from ._snapshot import Snapshot
 from ._spec import ServerSettings, TransportIdentity
+from ._turns import Turns
 
 if TYPE_CHECKING:
     from ._snapshots import StoredSnapshot
@@ -243,6 +244,10 @@ class Handle:
         return self.entry.key.lifecycle_id
 
 
+def _nothing() -> None:
+    pass
+
+
 class PoolEntry:
     def __init__(
         self, key: EntryKey, identity: TransportIdentity, settings: ServerSettings
@@ -306,6 +311,11 @@ class PoolEntry:
         # Requests parked until the first start attempt ends: called with None once the
         # upstream is up, else with why not (the attempt failed or the entry closed).
         self.waiters: list[Callable[[str | None], None]] = []
+        # Calls from different sessions taken in turn once the server has asked a client
+        # something, and its requests no session owns yet (issue 29 item 3, pool/_turns.py).
+        self.turns = Turns()
+        # Set by the connection's events (pool/_pool.py): routes what `turns.unrouted` holds.
+        self.retry_unrouted: Callable[[], None] = _nothing
 
     @property
     def name(self) -> str:
@@ -346,6 +356,27 @@ class PoolEntry:
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
             waiter(error)
+
+    def busy_sessions(self) -> set[str]:
+        """The sessions with requests at the upstream now."""
+        return {h.session_id for h in self.handles.values() if h.in_flight}
+
+    def may_send(self, session_id: str) -> bool:
+        """May this session's request go to the upstream now (`Turns`)? Always, until the
+        server has asked a client something."""
+        return not self.turns.on or self.turns.may_go(session_id, self.busy_sessions())
+
+    def calls_ended(self) -> None:
+        """A handle's last request at the upstream ended (only called once `turns.on`): what
+        was held for want of an owner may have one now, and the next session may go."""
+        if self.turns.unrouted:
+            self.retry_unrouted()
+        while True:
+            go = self.turns.passed(self.busy_sessions())
+            if not go:
+                return
+            for waiter in go:
+                waiter(None)  # each fences itself; a stale one (its session gone) does nothing
 
     def publish(self, snapshot: Snapshot) -> None:
         """Install a new snapshot (one reference swap) and tell every view."""

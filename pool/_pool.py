@@ -58,6 +58,7 @@ from ._snapshots import (
     to_record,
 )
 from ._spec import PoolTables, ServerSettings, TransportIdentity, capture_settings
+from ._turns import MAX_UNROUTED, Verdict, attribute
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
 DEFAULT_DRAIN_GRACE = 30.0
@@ -453,6 +454,10 @@ class Pool:
         level_before = entry.effective_log_level()
         unheld = entry.remove_handle(handle)  # O(1): counts, not a pass over the handles
         entry.let_go(handle)
+        if entry.turns.on:
+            for waiter in entry.turns.left(handle):
+                waiter(f"server '{entry.name}' was removed from the session")
+            entry.calls_ended()
         upstream = entry.upstream
         if upstream is not None and upstream.alive:
             for uri in unheld:
@@ -961,6 +966,7 @@ class _EntryEvents:
         self._relisting: dict[str, bool] = {}  # kind -> another relist wanted while one runs
         # list_changed that arrived during discovery: relisted once the first snapshot is out.
         self._deferred: list[tuple[str, str, str]] = []
+        self._retry_due: float | None = None  # when held server requests are looked at again
 
     def started(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
@@ -1013,44 +1019,101 @@ class _EntryEvents:
             handle.listener.upstream_notification(entry, method, params)
 
     def on_server_request(self, upstream: Upstream, msg: Message) -> None:
-        """P5: a request from the upstream goes to the session that owns it, or is refused."""
+        """P5: a request from the upstream goes to the session that owns it; one that may be
+        several sessions' waits until it is one's; one that is nobody's is refused
+        (pool/_turns.py)."""
         entry = self.entry
         handles = list(entry.handles.values())
         # An HTTP upstream knows which request's stream the message came on (P5).
         related = getattr(upstream, "related_handle", None)
         if related is not None and any(h is related for h in handles):
-            owner: Handle | None = related
-        elif entry.identity.scope == "session" and len(handles) == 1:
-            owner = handles[0]
-        else:
-            busy = {h.session_id: h for h in handles if h.in_flight > 0}
-            owner = next(iter(busy.values())) if len(busy) == 1 else None
-        if owner is None:
-            reason = (
-                "no session has a request in flight on this shared server"
-                if not any(h.in_flight for h in handles)
-                else "several sessions have requests in flight on this shared server"
-            )
-            if entry.name not in self.pool._advised:
-                self.pool._advised.add(entry.name)
-                self.pool.log(
-                    "warning",
-                    f"server '{entry.name}' sent {msg.method} that no single session owns "
-                    f'({reason}); set "scope": "session" for this server so each session '
-                    "has its own process and such requests always reach it",
-                    server=entry.name,
-                )
-            upstream.respond_error(
-                msg.id,
-                INVALID_PARAMS,
-                f"mcpool cannot route {msg.method} from server '{entry.name}' to one session",
-                {"server": entry.name, "reason": reason, "advice": 'set "scope": "session"'},
-            )
+            self._deliver(related, upstream, msg)
             return
-        refusal = owner.listener.server_request(entry, upstream, msg)
+        if entry.identity.scope == "session" and len(handles) == 1:
+            self._deliver(handles[0], upstream, msg)
+            return
+        if entry.identity.kind == "stdio" and not entry.turns.on:
+            # From now on calls from different sessions go in turn, so each request it sends
+            # has one owner (pool/_turns.py).
+            entry.turns.on = True
+            entry.retry_unrouted = self.retry_unrouted
+            self.pool.log(
+                "info",
+                f"server '{entry.name}' asks its clients things during calls: calls to it "
+                "from different sessions now go in turn",
+                server=entry.name,
+            )
+        self._attribute(upstream, msg, handles, held=False)
+
+    def _attribute(
+        self, upstream: Upstream, msg: Message, handles: list[Handle], *, held: bool
+    ) -> bool:
+        """Route, hold or refuse one server request; True once it is no longer held."""
+        entry = self.entry
+        cut = entry.cut_sessions(trio.current_time()) if entry.cut_calls else {}
+        verdict, owner, reason = attribute(handles, cut)
+        stdio = entry.identity.kind == "stdio"
+        if verdict is Verdict.HOLD and stdio and not held:
+            if len(entry.turns.unrouted) < MAX_UNROUTED:
+                entry.turns.unrouted.append((upstream, msg))
+                self._retry_when_cut_ends(cut)
+                return False
+            reason = f"{MAX_UNROUTED} requests from it already wait for their session"
+        elif verdict is Verdict.HOLD and held:
+            self._retry_when_cut_ends(cut)
+            return False
+        if owner is not None:
+            self._deliver(owner, upstream, msg)
+            return True
+        if entry.name not in self.pool._advised:
+            self.pool._advised.add(entry.name)
+            self.pool.log(
+                "warning",
+                f"server '{entry.name}' sent {msg.method} that no session owns ({reason})",
+                server=entry.name,
+            )
+        upstream.respond_error(
+            msg.id,
+            INVALID_PARAMS,
+            f"mcpool cannot route {msg.method} from server '{entry.name}' to a session",
+            {"server": entry.name, "reason": reason},
+        )
+        return True
+
+    def retry_unrouted(self) -> None:
+        """Calls ended (or cut ones went quiet): the held requests that have one owner now go."""
+        entry = self.entry
+        waiting, entry.turns.unrouted = entry.turns.unrouted, []
+        handles = list(entry.handles.values())
+        for upstream, msg in waiting:
+            if not upstream.alive or upstream is not entry.upstream:
+                continue  # its connection is gone, and its call with it
+            if not self._attribute(upstream, msg, handles, held=True):
+                entry.turns.unrouted.append((upstream, msg))
+
+    def _retry_when_cut_ends(self, cut: Mapping[str, tuple[float, float]]) -> None:
+        """A held request that a cut call may own is looked at again when that cut is over
+        (no call's end may come: the other session's call may be waiting on this request)."""
+        if not cut or self.nursery is None:
+            return
+        when = min(until for until, _ in cut.values())
+        if self._retry_due is None or when < self._retry_due:
+            self._retry_due = when  # one timer at a time: the earliest wanted
+            self.nursery.start_soon(self._retry_at, when)
+
+    async def _retry_at(self, when: float) -> None:
+        await trio.sleep_until(when)
+        if self._retry_due != when:
+            return  # an earlier one was wanted since, and has run
+        self._retry_due = None
+        if self.entry.turns.unrouted:
+            self.retry_unrouted()
+
+    def _deliver(self, owner: Handle, upstream: Upstream, msg: Message) -> None:
+        refusal = owner.listener.server_request(self.entry, upstream, msg)
         if refusal is not None:
             upstream.respond_error(
-                msg.id, INVALID_PARAMS, refusal, {"server": entry.name, "reason": refusal}
+                msg.id, INVALID_PARAMS, refusal, {"server": self.entry.name, "reason": refusal}
             )
 
     def _schedule_relist(self, kind: str, method: str, field: str) -> None:

@@ -101,8 +101,11 @@ class _InFlight(msgspec.Struct, eq=False):
             self.entry.unregister_progress(self.progress)
             self.progress = None
         if self.uid >= 0:
-            self.handle.in_flight -= 1
+            handle = self.handle
+            handle.in_flight -= 1
             self.uid = -1
+            if not handle.in_flight and self.entry.turns.on:
+                self.entry.calls_ended()
 
     def __call__(self, msg: Message) -> None:
         # Runs in the upstream's reader task, which every session of that server shares: an
@@ -124,8 +127,11 @@ class _InFlight(msgspec.Struct, eq=False):
                 if inflight.get(self.client_id) is self:
                     del inflight[self.client_id]
                 if self.uid >= 0:
-                    self.handle.in_flight -= 1
+                    handle = self.handle
+                    handle.in_flight -= 1
                     self.uid = -1
+                    if not handle.in_flight and self.entry.turns.on:
+                        self.entry.calls_ended()
                 if link.phase is CLOSED:
                     return
                 result = msg.result

@@ -289,6 +289,10 @@ class Flights:
                 state=entry.state.value,
                 lastError=entry.last_error,
             )
+        if entry.turns.on and not entry.may_send(handle.session_id):
+            # Its server asks clients things: another session's calls are there (pool/_turns.py).
+            self._park(msg, view, method, params, meta, turn=True)
+            return
         client_id = msg.id
         flight = _InFlight(self, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
@@ -458,8 +462,11 @@ class Flights:
         method: str,
         params: dict[str, Any],
         meta: _params.RequestMeta | None,
+        *,
+        turn: bool = False,
     ) -> None:
-        """Hold a request until its server's first start ends (L6; a standby entry starts)."""
+        """Hold a request until its server's first start ends (L6; a standby entry starts),
+        or (`turn`) until this session's turn at a server that asks (pool/_turns.py)."""
         client_id = msg.id
         if client_id in self._parked:
             raise InvalidRequest(
@@ -471,7 +478,10 @@ class Flights:
         if self._parked is _NO_PARKED:
             self._parked = {}
         self._parked[client_id] = resume
-        handle.entry.when_up(resume)
+        if turn:
+            handle.entry.turns.wait(handle, resume)
+        else:
+            handle.entry.when_up(resume)
 
     def _resume(self, parked: _Resume, error: str | None) -> None:
         # Runs in the entry's supervisor task: fenced like every callback from there.

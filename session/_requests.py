@@ -623,7 +623,7 @@ class Requests:
             return False
         entry = handle.entry
         upstream = entry.upstream
-        if upstream is None or upstream.era == MODERN or not upstream.alive:
+        if upstream is None or upstream.era == MODERN or not upstream.alive or entry.turns.on:
             return False
         call.name = upstream_name
         flight = _InFlight(self.flights, client_id, handle, entry, upstream, self.link.batch)

@@ -126,6 +126,7 @@ class FakeUpstream:
         self.era = "handshake"
         self.sent: list[tuple[int, str, Any]] = []
         self.cancelled: list[tuple[int, str]] = []
+        self.refused: list[tuple[Any, int, str]] = []  # server requests answered with an error
         self.notifications: list[tuple[str, Any]] = []
         self._pending: dict[int, Callable[[Message], None]] = {}
         self._settled = trio.Event()
@@ -239,7 +240,7 @@ class FakeUpstream:
         pass
 
     def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
-        pass
+        self.refused.append((msg_id, code, message))
 
     def list_changed(self, kind: str = "tools") -> None:
         self.events.on_notification(f"notifications/{kind}/list_changed", UNSET)

@@ -4,6 +4,8 @@
 #   direct:  our reference server's own streamable HTTP endpoint (tools/conformance_server.py);
 #   stdio:   `mcpool daemon --http` with that server behind it as a stdio upstream;
 #   http:    `mcpool daemon --http` with that server behind it as an HTTP upstream
+#   twice-a, twice-b: two suite runs at once through `mcpool daemon --http` with that server
+#            behind it as one stdio upstream pinned to the handshake era (handshake revisions)
 #            (both daemons "prefix": false, so the names the suite calls are the server's own).
 # Revisions: 2025-06-18 and 2025-11-25 (`--spec-version`, the handshake era) and 2026-07-28
 # (`--requirements`, exactly the scenarios that revision requires, at its own wire).
@@ -113,6 +115,10 @@ start_daemon() { # name, upstream JSON
 }
 start_daemon stdio "{\"command\": \"$PY\", \"args\": [\"$SERVER\", \"stdio\"], \"prefix\": false}"
 start_daemon http "{\"type\": \"http\", \"url\": \"http://127.0.0.1:$DIRECT_PORT/mcp\", \"prefix\": false}"
+# Two suites at once on one pooled stdio upstream (issue 29 item 3), pinned to the handshake era
+# so that its sampling and elicitation come as requests that name no call: each must reach the
+# suite whose call it belongs to, and each run must give the single run's result.
+start_daemon twice "{\"command\": \"$PY\", \"args\": [\"$SERVER\", \"stdio\"], \"prefix\": false, \"protocolVersion\": \"2025-11-25\"}"
 
 # CONFORMANCE_JS: another build of the suite (default: the pinned alpha of .peers).
 # SUITE_ARGS: more arguments for it, split as words (e.g. "--scenario server-sse-polling").
@@ -135,6 +141,24 @@ for revision in "${REVISIONS[@]}"; do
   run_suite "$revision" direct "$DIRECT_PORT"
   run_suite "$revision" http "$HTTP_PORT"
   wait "$stdio_run"
+  if [ "$revision" != 2026-07-28 ]; then
+    run_suite "$revision" twice-a "$TWICE_PORT" &
+    twice_run=$!
+    run_suite "$revision" twice-b "$TWICE_PORT"
+    wait "$twice_run"
+  fi
 done
 
-KNOWN=$KNOWN "$PY" "$REPO/tools/conformance_table.py" "$WORK/results" "${REVISIONS[@]}"
+status=0
+KNOWN=$KNOWN "$PY" "$REPO/tools/conformance_table.py" "$WORK/results" "${REVISIONS[@]}" || status=$?
+# What the suite does is what clients do: a daemon that logged an error while serving it (a
+# traceback, a failed request) fails the run too, whatever the checks said.
+for name in stdio http twice; do
+  log=$WORK/$name/state/mcpool/daemon.log
+  if [ -f "$log" ] && grep -q '"level": "error"' "$log"; then
+    echo "ERRORS logged by the $name daemon:"
+    grep '"level": "error"' "$log" | cut -c1-400
+    status=1
+  fi
+done
+exit $status

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 ENDPOINTS = ("direct", "stdio", "http")
+# Two suite runs at once on one pooled stdio upstream (handshake revisions): compared with direct.
+TWICE = ("twice-a", "twice-b")
 MARK = {"SUCCESS": "pass", "FAILURE": "FAIL", "WARNING": "warn", "SKIPPED": "skip", "INFO": "info"}
 Key = tuple[str, str]
 
@@ -60,7 +62,27 @@ def compare(
             cells.append(cell)
         print(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     print()
-    for name in ENDPOINTS:
+    twice = [name for name in TWICE if name in runs]
+    if twice:
+        print(
+            "\nTwo suites at once on one pooled stdio upstream, where either differs from direct:\n"
+        )
+        print("| scenario | check | direct | " + " | ".join(twice) + " |")
+        print("|---|---|---|" + "---|" * len(twice))
+        for key in keys:
+            base = direct.get(key, ("-",))[0]
+            statuses = [runs[name].get(key, ("-", ""))[0] for name in twice]
+            if all(status == base for status in statuses):
+                continue
+            cells = [MARK.get(status, status) for status in statuses]
+            for name, status in zip(twice, statuses, strict=True):
+                if base == "SUCCESS" and status != "SUCCESS":
+                    label = f"{revision}/{key[0]}/{key[1]}"
+                    if label not in known:
+                        message = runs[name].get(key, ("", ""))[1]
+                        problems.append(f"REGRESSION {label} via {name}: {message}")
+            print(f"| {key[0]} | {key[1]} | {MARK.get(base, base)} | " + " | ".join(cells) + " |")
+    for name in (*ENDPOINTS, *twice):
         run = runs[name]
         passed = sum(1 for status, _ in run.values() if status == "SUCCESS")
         print(f"{revision} {name}: {passed}/{len(run)} checks pass")
@@ -93,6 +115,9 @@ def main() -> None:
     problems: list[str] = []
     for revision in revisions:
         runs = {name: results(root / revision / name) for name in ENDPOINTS}
+        if revision != "2026-07-28":  # (tools/conformance.sh runs the two at handshake ones)
+            for name in TWICE:
+                runs[name] = results(root / revision / name)
         empty = [name for name, run in runs.items() if not run]
         if empty:
             problems.append(f"{revision}: no results from {', '.join(empty)}")

@@ -123,32 +123,41 @@ async def test_sampling_and_elicitation_reach_the_calling_session_only(daemon_fa
         assert len(servers) == 1  # one shared upstream served both sessions
 
 
-async def test_ambiguous_server_request_is_refused_with_invalid_params(daemon_factory, peers):
+async def test_a_request_several_sessions_may_own_waits_for_its_owner_then_calls_go_in_turn(
+    daemon_factory, peers
+):
+    """Issue 29 item 3: never refused for want of an owner, never guessed (X8)."""
     d = await daemon_factory()
     settings = write_settings(d.root / "e.json", {"everything": everything(peers)})
     a, b = Callbacks("a"), Callbacks("b")
+    long_op = ("everything__trigger-long-running-operation", {"duration": 2, "steps": 2})
+    sample = ("everything__trigger-sampling-request", {"prompt": "hi", "maxTokens": 5})
     async with client(d, settings, a) as sa, client(d, settings, b) as sb:
         async with trio.open_nursery() as nursery:
             # Session a keeps a request in flight on the shared upstream...
-            nursery.start_soon(
-                sa.call_tool,
-                "everything__trigger-long-running-operation",
-                {"duration": 3, "steps": 3},
-            )
+            nursery.start_soon(sa.call_tool, *long_op)
             with trio.fail_after(WAIT):
                 await wait_until(lambda: _in_flight(d, 1))
-            # ...so b's sampling request has two candidate owners: refused, never guessed.
+                # ...so b's sampling request has two candidate owners: it waits until a's
+                # call is over, then it is b's.
+                result = await sb.call_tool(*sample)
+        assert not result.is_error, result
+        assert "sampled by b" in text(result), result
+        assert a.sampled == [] and len(b.sampled) == 1
+        [server] = await d.ctl("servers")
+        assert server["turns"]["inTurn"] is True, server
+        # From now on calls from different sessions go in turn: b's call waits for a's to
+        # end, and its request is b's from the start.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sa.call_tool, *long_op)
             with trio.fail_after(WAIT):
-                result = await sb.call_tool(
-                    "everything__trigger-sampling-request", {"prompt": "hi", "maxTokens": 5}
-                )
-        assert result.is_error, result
-        assert "-32602" in text(result) or "route" in text(result), text(result)
-        assert a.sampled == []
-        assert b.sampled == []
+                await wait_until(lambda: _in_flight(d, 1))
+                result = await sb.call_tool(*sample)
+        assert "sampled by b" in text(result), result
+        assert a.sampled == [] and len(b.sampled) == 2
         log = await d.ctl("logs")
-        advice = [ln for ln in log["lines"] if "no single session owns" in ln]
-        assert len(advice) == 1 and "scope" in advice[0], log["lines"]
+        assert [ln for ln in log["lines"] if "now go in turn" in ln], log["lines"]
+        assert not [ln for ln in log["lines"] if "no session owns" in ln], log["lines"]
 
 
 async def _in_flight(d: DaemonProcess, n: int) -> bool:

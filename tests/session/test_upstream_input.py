@@ -31,6 +31,7 @@ from msgspec import Raw
 
 from mcpool.pool import Pool, PoolEntry, ServerSettings
 from mcpool.pool._entry import CUT_CALL_QUIET
+from mcpool.pool._turns import Turns
 from mcpool.protocol import Message, response_line, strip_own_meta, without_own_meta
 from mcpool.session import Session
 from mcpool.session._flight import _InFlight
@@ -284,6 +285,7 @@ class _Flights:
         self.link = _Link()
         self.out = self.link.out
         self.in_flight = 1
+        self.turns = Turns()  # as its entry's: off (its server never asked anything)
 
 
 @given(_values, st.sampled_from([b"mcpool", b"\\u006dcpool", b"mcpoo\\u006c", b"mcpool"]))
@@ -297,7 +299,7 @@ def test_the_hot_path_relays_what_the_general_rule_gives(value: Any, spelling: b
     result = Raw(msgspec.json.decode(raw, type=dict[str, Raw])["result"])
     for client_id in (7, "seven"):
         rig = _Flights()
-        flight = _InFlight(rig, client_id, rig, None, None, None, uid=1)  # type: ignore[arg-type]
+        flight = _InFlight(rig, client_id, rig, rig, None, None, uid=1)  # type: ignore[arg-type]
         flight(Message(jsonrpc="2.0", id=1, result=result))
         assert bytes(rig.out.data) == without_own_meta(response_line(client_id, result))
         written = msgspec.json.decode(bytes(rig.out.data))["result"]
