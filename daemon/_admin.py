@@ -102,6 +102,8 @@ COMMANDS: dict[str, Command] = {
     "login": Command(RestartParams, "login"),
     "loginWait": Command(RestartParams, "loginWait"),
     "logout": Command(RestartParams, "logout"),
+    # The ledger's statistics (daemon/_ledger.py, _stats.py).
+    "stats": Command(NoParams, "stats"),
 }
 
 # Only with MCPOOL_TEST_HOOKS=1 in the daemon's environment: a test forces an unexpected error in

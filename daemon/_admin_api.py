@@ -34,9 +34,11 @@ from mcpool.session._cursors import CursorBook
 
 from . import _admin
 from ._attached import AttachedSessions
+from ._audit import AuditLog
 from ._core import DaemonProcess, error_line
 from ._explain import explain
 from ._hosting import SettingsHost
+from ._ledger import Ledger
 from ._login import Logins
 from ._settings import parse_server_entry
 from ._snapshots import describe_snapshot
@@ -91,8 +93,11 @@ class AdminApi:
         interner: Interner,
         spawn_shared: Callable[[Callable[[], Awaitable[None]]], None],
         commands: dict[str, _admin.Command],
+        ledger: Ledger | None = None,
     ) -> None:
         self._process = process
+        # What `stats` reads: the daemon's (an admin made alone counts nothing).
+        self._ledger = ledger if ledger is not None else Ledger(AuditLog(None))
         self._host = host
         self._files = host.files
         self._sessions = sessions
@@ -117,6 +122,7 @@ class AdminApi:
             "login": self._admin_login,
             "loginWait": self._admin_loginWait,
             "logout": self._admin_logout,
+            "stats": self._admin_stats,
             "testCrash": self._admin_testCrash,
             "testFail": self._admin_testFail,
         }
@@ -384,6 +390,20 @@ class AdminApi:
                 }
             )
         return {"entries": results}
+
+    async def _admin_stats(self, params: _admin.NoParams) -> dict[str, Any]:
+        in_flight: dict[str, int] = {}
+        for e in self._pool.entries():
+            up = e.upstream
+            if up is not None:
+                in_flight[e.name] = in_flight.get(e.name, 0) + up.in_flight
+        stats = self._ledger.stats_json(in_flight)
+        stats["audit"] = {
+            "path": str(self._ledger.audit.path) if self._ledger.audit.path else None,
+            "dropped": self._ledger.audit.dropped,
+        }
+        stats["otel"] = self._ledger.otel is not None
+        return stats
 
     async def _admin_logs(self, params: _admin.LogsParams) -> dict[str, Any]:
         lines, name = params.lines, params.name

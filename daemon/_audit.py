@@ -5,16 +5,16 @@ when, which session (its client's name and version, its folder), which server an
 prompt, how long, the outcome (result, isError, or the error's code) and the bytes each way.
 Never an argument, a result or a secret: the observer is given none (session/_observe.py).
 
-A `CallObserver`. Lines are encoded at once (msgspec) and kept in memory; the owner task
-(`run`) appends them to the file in one write every FLUSH_INTERVAL, or sooner once FLUSH_BYTES
-wait, so a call costs no system call. What waits is bounded (MAX_PENDING_BYTES: past it, lines
-are dropped and counted, and the next write says how many). The file is 0600 and rotated by
-size like the daemon's log (daemon/_log.py: audit.jsonl.1, .2, ...).
+The session's records (`CallDone`, which is the line) are kept in memory and written in one
+write, encoded in one msgspec call, every FLUSH_INTERVAL or sooner once FLUSH_RECORDS wait (by
+the daemon's ledger, daemon/_ledger.py, or alone by `run`), so a call costs no system call and
+no encoding of its own. What waits is bounded (MAX_PENDING: past it, records are dropped and
+counted, and the next write says how many). The file is 0600 and rotated by size like the
+daemon's log (daemon/_log.py: audit.jsonl.1, .2, ...).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,29 +27,18 @@ from mcpool.session._observe import CallDone
 from ._log import JsonLinesLog
 
 FLUSH_INTERVAL = 1.0
-FLUSH_BYTES = 64 * 1024
-MAX_PENDING_BYTES = 4 * 1024 * 1024
+FLUSH_RECORDS = 256  # (about 64 KB of lines)
+# Records waiting for a write, at most (about 4 MB): past it, a flood no flush keeps up with,
+# they are dropped and counted, and the next write says how many.
+MAX_PENDING = 16_384
 MAX_BYTES = 16 * 1024 * 1024  # a file; with BACKUPS, 64 MiB in all
 BACKUPS = 3
 # `daemonctl audit` reads at most this much of the files (the newest).
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
-class AuditLine(msgspec.Struct, omit_defaults=True):
-    ts: float
-    session: str
-    client: str
-    client_version: str
-    folder: str
-    server: str
-    method: str
-    name: str
-    duration_ms: float
-    outcome: str
-    bytes_in: int
-    bytes_out: int
-    code: int | None = None
-
+# The line is the record the session made (session/_observe.py): encoded as it is.
+AuditLine = CallDone
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AuditLine)
@@ -59,55 +48,42 @@ class AuditLog:
     def __init__(self, path: Path | str | None, *, max_bytes: int = MAX_BYTES) -> None:
         self.path = Path(path) if path is not None else None
         self._file = JsonLinesLog(self.path, max_bytes=max_bytes, backups=BACKUPS)
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        self._pending: list[CallDone] = []
         self.dropped = 0
         self._due = trio.Event()
-        # trio's clock reading and the wall clock at one moment: records carry wall time.
-        self._offset: float | None = None
 
     def call_done(self, call: CallDone) -> None:
+        """Alone (not under a ledger): kept until the next flush, at most MAX_PENDING."""
         if self.path is None:
             return
-        if self._offset is None:
-            self._offset = time.time() - trio.current_time()
-        line = _encoder.encode(
-            AuditLine(
-                ts=round(call.started + self._offset, 3),
-                session=call.session.id,
-                client=call.session.client_name,
-                client_version=call.session.client_version,
-                folder=call.session.folder,
-                server=call.server,
-                method=call.method,
-                name=call.name,
-                duration_ms=round((call.ended - call.started) * 1000.0, 3),
-                outcome=call.outcome.value,
-                bytes_in=call.bytes_in,
-                bytes_out=call.bytes_out,
-                code=call.code,
-            )
-        )
-        if self._pending_bytes + len(line) > MAX_PENDING_BYTES:
+        if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return
-        self._pending.append(line)
-        self._pending_bytes += len(line) + 1
-        if self._pending_bytes >= FLUSH_BYTES:
+        self._pending.append(call)
+        if len(self._pending) >= FLUSH_RECORDS:
             self._due.set()
 
-    def flush(self) -> None:
-        """Write what waits (in one write; the file rotates before it when full)."""
-        if not self._pending:
+    def write(self, calls: list[CallDone]) -> None:
+        """Append these records (and a count of those dropped since the last write) in one
+        write, encoded in one call; the file rotates before it when full."""
+        if self.path is None or not (calls or self.dropped):
             return
-        lines, self._pending, self._pending_bytes = self._pending, [], 0
+        data = _encoder.encode_lines(calls)
         if self.dropped:
-            lines.append(b'{"dropped": %d}' % self.dropped)
+            data += b'{"dropped": %d}\n' % self.dropped
             self.dropped = 0
-        self._file.write_line(b"\n".join(lines).decode())
+        self._file.write_line(data[:-1].decode())
+
+    def flush(self) -> None:
+        """Write what waits."""
+        calls, self._pending = self._pending, []
+        self.write(calls)
+
+    def close(self) -> None:
+        self._file.close()
 
     async def run(self) -> None:
-        """The owner task: flushes every FLUSH_INTERVAL (or at FLUSH_BYTES), and at the end."""
+        """The owner task: flushes every FLUSH_INTERVAL (or at FLUSH_RECORDS), and at the end."""
         try:
             while True:
                 with trio.move_on_after(FLUSH_INTERVAL):
@@ -116,7 +92,7 @@ class AuditLog:
                 self.flush()
         finally:
             self.flush()
-            self._file.close()
+            self.close()
 
 
 def _files(path: Path) -> list[Path]:

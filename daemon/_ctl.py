@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcpool.daemon import _login
+from mcpool.daemon import _ledger, _login
 from mcpool.daemon._paths import (
     UnsafeSocketPath,
     check_daemon_peer,
@@ -200,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     set_server.add_argument("name", metavar="NAME")
     set_server.add_argument("entry", metavar="JSON", type=_json_object)
     _login.add_commands(add)
+    _ledger.add_commands(add)
     return parser
 
 
@@ -221,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_FAILED
         except KeyboardInterrupt:
             return 130
+    if args.command == "audit":  # the user's own files: read with or without a daemon
+        return _ledger.cmd_audit(args, as_json)
     try:
         client = AdminClient(path)
     except NoDaemonError:
@@ -521,6 +524,7 @@ _COMMANDS: dict[str, Command] = {
     "session": _cmd_session,
     "login": _login.cmd_login,
     "logout": _login.cmd_logout,
+    "stats": _ledger.cmd_stats,
 }
 
 

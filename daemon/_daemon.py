@@ -57,6 +57,7 @@ from typing import Any
 
 import trio
 
+from mcpool import __version__
 from mcpool.pool import Guardian, Pool
 from mcpool.session import Interner
 from mcpool.session._cursors import CursorBook
@@ -68,6 +69,7 @@ from ._connections import ConnectionServer
 from ._core import EXIT_FAILED, EXIT_STOPPED, DaemonProcess
 from ._detach import StatusPipe
 from ._hosting import DaemonLeases, SettingsHost
+from ._ledger import Ledger
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._login import Logins
@@ -215,6 +217,9 @@ class Daemon:
         self.failure = ""  # why `run` failed, in one line (for a starter still waiting)
         self.ready = trio.Event()  # set once the socket listens and the parts are made
         self._pool: Pool | None = None
+        # The ledger of answered calls: audit log, statistics, OpenTelemetry when asked for
+        # (issue 30; daemon/_ledger.py). Made in `run`, with the state folder known.
+        self.ledger: Ledger | None = None
 
     # -- what tests and main() read ------------------------------------------------------------
 
@@ -256,7 +261,6 @@ class Daemon:
 
     async def run(self) -> int:
         process = self.process
-        log = process.log
         process.started = trio.current_time()
         self.settings.load_file(self.config_path)
         self.settings.apply_daemon_options()
@@ -266,6 +270,29 @@ class Daemon:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         guardian = Guardian()
+        ledger = self.ledger = Ledger.for_daemon(__version__)
+        async with trio.open_nursery() as ledger_nursery:
+            # Outlives the sessions and the pool: what they told it is written at the end.
+            ledger_nursery.start_soon(self._run_ledger, ledger)
+            status = await self._run_parts(guardian, ledger)
+            ledger_nursery.cancel_scope.cancel()
+        return status
+
+    async def _run_ledger(self, ledger: Ledger) -> None:
+        """The ledger's owner task, fenced: an audit file that cannot be written loses the
+        audit (said in the log), never the daemon."""
+        try:
+            await ledger.run()
+        except Exception as exc:
+            self.process.log(
+                "error",
+                f"the audit log stopped: {type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+
+    async def _run_parts(self, guardian: Guardian, ledger: Ledger) -> int:
+        process = self.process
+        log = process.log
         try:
             async with trio.open_nursery() as pool_nursery:
                 pool = self._pool = Pool(
@@ -290,6 +317,7 @@ class Daemon:
                     logins=logins,
                     cursors=self.cursors,
                     interner=self.interner,
+                    observer=ledger,
                 )
                 leases.keep_always()
                 if self.options.prewarm:
@@ -305,6 +333,7 @@ class Daemon:
                         interner=self.interner,
                         spawn_shared=conn_nursery.start_soon,
                         commands=self.commands,
+                        ledger=ledger,
                     )
                     connections = ConnectionServer(
                         process,

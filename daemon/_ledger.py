@@ -17,7 +17,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
 
 from mcpool.session._observe import CallDone
 
@@ -26,8 +28,14 @@ from ._audit import AuditLog, read_audit
 from ._stats import Stats
 
 if TYPE_CHECKING:
-    from ._ctl import AdminClient
     from ._otel import OtelObserver
+
+
+class AdminCalls(Protocol):
+    """What `daemonctl stats` needs of its admin client (daemon/_ctl.py)."""
+
+    def call(self, method: str, params: dict[str, Any]) -> Any: ...
+
 
 # `daemonctl audit` prints at most this many records unless told otherwise (the newest).
 DEFAULT_AUDIT_LINES = 200
@@ -48,6 +56,8 @@ class Ledger:
         self.stats = stats if stats is not None else Stats()
         self.audit = audit
         self.otel = otel
+        self._pending: list[CallDone] = []
+        self._due = trio.Event()
 
     @classmethod
     def for_daemon(cls, version: str) -> Ledger:
@@ -56,19 +66,43 @@ class Ledger:
         return cls(AuditLog(audit_path()), otel=otel)
 
     def call_done(self, call: CallDone) -> None:
-        self.stats.call_done(call)
-        self.audit.call_done(call)
+        """On the path of every observed call: the record waits for the next `drain`."""
+        if len(self._pending) >= _audit.MAX_PENDING:
+            self.audit.dropped += 1  # (said in the audit file; not counted in the statistics)
+            return
+        self._pending.append(call)
         if self.otel is not None:
             self.otel.call_done(call)
+        if len(self._pending) >= _audit.FLUSH_RECORDS:
+            self._due.set()
+
+    def drain(self) -> None:
+        """What waits goes to the statistics and the audit file, as one batch each."""
+        calls, self._pending = self._pending, []
+        if calls:
+            self.stats.add_batch(calls)
+        self.audit.write(calls)
+
+    def stats_json(self, in_flight: dict[str, int]) -> dict[str, Any]:
+        self.drain()
+        return self.stats.as_json(in_flight)
 
     def session_closed(self, session_id: str) -> None:
+        self.drain()  # its last calls counted before it is forgotten
         self.stats.session_closed(session_id)
 
     async def run(self) -> None:
-        """The owner task of what the ledger writes, for the daemon's life."""
+        """The owner task of what the ledger writes, for the daemon's life: a drain every
+        FLUSH_INTERVAL (or at FLUSH_RECORDS), and at the end."""
         try:
-            await self.audit.run()
+            while True:
+                with trio.move_on_after(_audit.FLUSH_INTERVAL):
+                    await self._due.wait()
+                self._due = trio.Event()
+                self.drain()
         finally:
+            self.drain()
+            self.audit.close()
             if self.otel is not None:
                 self.otel.flush()
 
@@ -140,7 +174,7 @@ def render_stats(stats: dict[str, Any]) -> str:
     return _columns(rows) + (f"\ncalls by session: {sessions}" if sessions else "")
 
 
-def cmd_stats(client: AdminClient, args: argparse.Namespace, as_json: bool) -> int:
+def cmd_stats(client: AdminCalls, args: argparse.Namespace, as_json: bool) -> int:
     result = client.call("stats", {})
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
@@ -169,7 +203,7 @@ def cmd_audit(args: argparse.Namespace, as_json: bool, path: Path | None = None)
         return 0
     rows = [["time", "session", "client", "server", "method", "name", "ms", "outcome"]]
     for r in records:
-        outcome = r.outcome if r.code is None else f"{r.outcome} {r.code}"
+        outcome = r.outcome.value if r.code is None else f"{r.outcome.value} {r.code}"
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ts))
         rows.append(
             [when, r.session, r.client, r.server, r.method, r.name, f"{r.duration_ms:g}", outcome]

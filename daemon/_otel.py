@@ -15,7 +15,6 @@ span costs the loop its creation, never a network write.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,14 +52,11 @@ class OtelObserver:
         self._bytes = meter.create_counter("mcpool.bytes", unit="By")
         self._kind = SpanKind.SERVER
         self._error = Status(StatusCode.ERROR)
-        self._offset: float | None = None
 
     def call_done(self, call: CallDone) -> None:
-        if self._offset is None:
-            self._offset = time.time() - trio.current_time()
         attributes: dict[str, Any] = {
             "mcp.method.name": call.method,
-            "mcp.session.id": call.session.id,
+            "mcp.session.id": call.session,
             "mcpool.server": call.server,
         }
         target = ""
@@ -77,14 +73,14 @@ class OtelObserver:
         span = self._tracer.start_span(
             f"{call.method} {target}" if target else call.method,
             kind=self._kind,
-            start_time=int((call.started + self._offset) * 1e9),
+            start_time=int(call.ts * 1e9),
             attributes=attributes,
         )
         if call.outcome is not Outcome.RESULT:
             span.set_status(self._error)
-        span.end(end_time=int((call.ended + self._offset) * 1e9))
+        span.end(end_time=int((call.ts + call.duration_ms / 1000.0) * 1e9))
         metric = {k: v for k, v in attributes.items() if k != "mcp.session.id"}
-        self._duration.record(call.ended - call.started, metric)
+        self._duration.record(call.duration_ms / 1000.0, metric)
         self._bytes.add(call.bytes_in, {**metric, "direction": "in"})
         self._bytes.add(call.bytes_out, {**metric, "direction": "out"})
 

@@ -14,10 +14,12 @@ from mcpool.pool import Pool
 from mcpool.session import Interner, Session, new_session_id
 from mcpool.session._cursors import CursorBook
 from mcpool.session._login_notice import LoginDesk
+from mcpool.session._observe import NO_OBSERVER
 
 from ._attached import AttachedSessions, SessionRecord
 from ._core import DaemonProcess
 from ._hosting import SettingsHost
+from ._ledger import Ledger
 
 
 class Sessions:
@@ -31,8 +33,11 @@ class Sessions:
         logins: LoginDesk,
         cursors: CursorBook[tuple[dict[str, Any], ...]],
         interner: Interner,
+        observer: Ledger | None = None,
     ) -> None:
         self._attached = attached
+        # Told of every session's answered calls (audit log, statistics; daemon/_ledger.py).
+        self._ledger = observer
         self._interner = interner
         self._host = host
         self._files = host.files
@@ -73,6 +78,7 @@ class Sessions:
             logins=self._logins,
             cursors=self._cursors,
             interner=self._interner,
+            observer=self._ledger if self._ledger is not None else NO_OBSERVER,
         )
         session.set_name_budget(explicit=max_name_length, configured=options.max_name_length)
         record = SessionRecord(session, sources, via, env)
@@ -87,6 +93,8 @@ class Sessions:
     def close_session(self, record: SessionRecord, reason: str) -> None:
         session = record.session
         session.close(reason)
+        if self._ledger is not None:
+            self._ledger.session_closed(session.id)
         if self._attached.remove(record):
             self._host.unwatch_sources(record.sources)
         self._process.log(

@@ -11,8 +11,11 @@ until the daemon stops, at most MAX_TOOLS tools (later ones are counted under th
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from math import log2
+from operator import attrgetter
 from typing import Any
 
 from mcpool.session._observe import CallDone, Outcome
@@ -23,10 +26,15 @@ BUCKETS_PER_DOUBLING = 16
 FLOOR_MS = 0.001
 MAX_TOOLS = 10_000
 PERCENTILES = (50, 95, 99)
+_FLOOR_LOG = math.log2(FLOOR_MS)
 
 
 def bucket_of(duration_ms: float) -> int:
-    return int(math.log2(max(duration_ms, FLOOR_MS) / FLOOR_MS) * BUCKETS_PER_DOUBLING)
+    # The same float operations as `_Batch`'s C loops, so the two agree at every boundary.
+    return int(
+        (log2(duration_ms if duration_ms > FLOOR_MS else FLOOR_MS) - _FLOOR_LOG)
+        * BUCKETS_PER_DOUBLING
+    )
 
 
 def bucket_top(bucket: int) -> float:
@@ -68,6 +76,16 @@ class Counters:
         bucket = bucket_of(duration_ms)
         self.histogram[bucket] = self.histogram.get(bucket, 0) + 1
 
+    def add_batch(self, batch: _Batch) -> None:
+        """`add` of each call of `batch` (a property test checks they agree)."""
+        self.calls += batch.calls
+        self.errors += batch.errors
+        self.bytes_in += batch.bytes_in
+        self.bytes_out += batch.bytes_out
+        histogram = self.histogram
+        for bucket, count in batch.buckets.items():
+            histogram[bucket] = histogram.get(bucket, 0) + count
+
     def as_json(self) -> dict[str, Any]:
         return {
             "calls": self.calls,
@@ -76,6 +94,36 @@ class Counters:
             "bytes_out": self.bytes_out,
             **{f"{k}_ms": v for k, v in percentiles(self.histogram).items()},
         }
+
+
+class _Batch:
+    """One server's or tool's calls of a batch, summed once for both (`Counters.add_batch`)."""
+
+    __slots__ = ("buckets", "bytes_in", "bytes_out", "calls", "errors")
+
+    def __init__(self, calls: list[CallDone]) -> None:
+        self.calls = len(calls)
+        self.errors = self.calls - list(map(_outcome, calls)).count(Outcome.RESULT)
+        self.bytes_in = sum(map(_bytes_in, calls))
+        self.bytes_out = sum(map(_bytes_out, calls))
+        # `bucket_of` of each, inlined (the same float operations: a property test checks that
+        # a batch counts what its calls one by one count).
+        self.buckets = Counter(
+            [
+                int(
+                    (log2(c.duration_ms if c.duration_ms > FLOOR_MS else FLOOR_MS) - _FLOOR_LOG)
+                    * BUCKETS_PER_DOUBLING
+                )
+                for c in calls
+            ]
+        )
+
+
+_duration = attrgetter("duration_ms")
+_session = attrgetter("session")
+_outcome = attrgetter("outcome")
+_bytes_in = attrgetter("bytes_in")
+_bytes_out = attrgetter("bytes_out")
 
 
 class Stats:
@@ -89,23 +137,35 @@ class Stats:
         self.tools_not_kept = 0  # calls of tools past max_tools (in their server's counters)
 
     def call_done(self, call: CallDone) -> None:
-        duration_ms = (call.ended - call.started) * 1000.0
-        failed = call.outcome is not Outcome.RESULT
-        counters = self.servers.get(call.server)
-        if counters is None:
-            counters = self.servers[call.server] = Counters()
-        counters.add(duration_ms, failed, call.bytes_in, call.bytes_out)
-        key = (call.server, call.method, call.name)
-        tool = self.tools.get(key)
-        if tool is None:
-            if len(self.tools) >= self.max_tools:
-                self.tools_not_kept += 1
+        self.add_batch([call])
+
+    def add_batch(self, calls: list[CallDone]) -> None:
+        """Count a batch of answered requests (the ledger's, about once a second): grouped by
+        tool in one pass, each group summed once for its tool and its server (`_Batch`)."""
+        sessions = self.sessions
+        for sid, n in Counter(map(_session, calls)).items():
+            sessions[sid] = sessions.get(sid, 0) + n
+        groups: dict[tuple[str, str, str], list[CallDone]] = {}
+        for call in calls:
+            key = (call.server, call.method, call.name)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [call]
             else:
+                group.append(call)
+        for key, group in groups.items():
+            batch = _Batch(group)
+            server = self.servers.get(key[0])
+            if server is None:
+                server = self.servers[key[0]] = Counters()
+            server.add_batch(batch)
+            tool = self.tools.get(key)
+            if tool is None:
+                if len(self.tools) >= self.max_tools:
+                    self.tools_not_kept += batch.calls
+                    continue
                 tool = self.tools[key] = Counters()
-        if tool is not None:
-            tool.add(duration_ms, failed, call.bytes_in, call.bytes_out)
-        sid = call.session.id
-        self.sessions[sid] = self.sessions.get(sid, 0) + 1
+            tool.add_batch(batch)
 
     def session_closed(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

@@ -33,6 +33,7 @@ from . import _params
 from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
 from ._input import Held, Subject
 from ._link import CLOSED, ClientLink
+from ._observe import Watch
 
 _encoder = msgspec.json.Encoder()
 _EMPTY = Raw(b"{}")  # the result of an answer that had none
@@ -52,6 +53,8 @@ class FlightHost(Protocol):
     def held_answered(self, flight: _InFlight, msg: Message) -> None: ...
 
     def fault(self, where: str, exc: BaseException) -> None: ...
+
+    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None: ...
 
 
 class _InFlight(msgspec.Struct, eq=False):
@@ -82,6 +85,8 @@ class _InFlight(msgspec.Struct, eq=False):
     # What the request's envelope said it can answer (read only; a shared empty one by default).
     capabilities: Mapping[str, Any] = _NO_CAPABILITIES
     held: Held | None = None
+    # Set when the daemon's ledger is told of this request's answer (session/_observe.py).
+    watch: Watch | None = None
 
     def cut(self, reason: str) -> None:
         """Cancel this request at its upstream, which nobody waits on any more (the client
@@ -153,6 +158,8 @@ class _InFlight(msgspec.Struct, eq=False):
                     link.out.write(line)
                 except Exception as exc:
                     link.broke(str(exc))
+                if self.watch is not None:
+                    s.observe(self.watch, UNSET, line)
                 return
             if self.held is not None:
                 s.held_answered(self, msg)
@@ -208,6 +215,8 @@ class _InFlight(msgspec.Struct, eq=False):
                 link.send(line)  # the hot path: no batch is ever waiting on a handshake-era call
             else:
                 link.deliver(self.batch, line)
+            if self.watch is not None:
+                s.observe(self.watch, msg.error, line)
         except Exception as exc:
             s.fault(f"the answer from server '{self.entry.name}'", exc)
 
@@ -221,12 +230,13 @@ def request_id(msg: Message) -> JsonRpcId:
 class _Relayed:
     """A request an upstream sent to this session's client, awaiting the client's answer."""
 
-    __slots__ = ("progress_token", "upstream", "upstream_id")
+    __slots__ = ("progress_token", "upstream", "upstream_id", "watch")
 
     def __init__(self, upstream: Upstream, upstream_id: Any, progress_token: Any) -> None:
         self.upstream = upstream
         self.upstream_id = upstream_id
         self.progress_token = progress_token
+        self.watch: Watch | None = None  # a server's request the ledger is told of
 
 
 # A modern upstream asking a handshake-era session for input again and again is looping.
@@ -352,6 +362,7 @@ class _InputRound:
         flight = _InFlight(s, old.client_id, old.handle, old.entry, upstream, old.batch)
         old.handle.in_flight += 1
         flight.plan, flight.params, flight.rounds = old.plan, params, old.rounds + 1
+        flight.watch = old.watch  # (its answer is the original request's)
         s.inflight[old.client_id] = flight
         try:
             method = old.plan.method if old.plan is not None else "tools/call"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
+from time import perf_counter, time
 from typing import Any
 
 import msgspec
@@ -61,6 +62,7 @@ from ._login_notice import (
     login_notice,
     may_log,
 )
+from ._observe import NO_OBSERVER, OBSERVED, CallDone, CallObserver, Outcome, Watch
 from ._view import SessionView
 
 
@@ -143,10 +145,12 @@ class Flights:
         "_parked",
         "_sid",
         "fault",
+        "folder",
         "inflight",
         "link",
         "listens",
         "logins",
+        "observer",
         "relay_ids",
         "relayed",
         "spawn",
@@ -161,9 +165,15 @@ class Flights:
         log: SessionLog,
         fault: Callable[[str, BaseException], None],
         logins: LoginDesk | None,
+        observer: CallObserver = NO_OBSERVER,
+        folder: str | None = None,
     ) -> None:
         self._sid = sid
         self.link = link
+        # Told of every answered call, read and get, and every relayed server request (the
+        # daemon's ledger: audit log, statistics; session/_observe.py), with these facts.
+        self.observer = observer
+        self.folder = folder or ""
         self._log = log
         # An unexpected exception in code others' tasks run: logged, and this session closes.
         self.fault = fault
@@ -296,6 +306,11 @@ class Flights:
         client_id = msg.id
         flight = _InFlight(self, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
+        if self.observer is not NO_OBSERVER and method in OBSERVED:
+            named = params.get("uri" if method == "resources/read" else "name")
+            flight.watch = Watch(
+                method, view.name, named if isinstance(named, str) else "", perf_counter(), 0
+            )
         if meta is not None and meta.progressToken is not UNSET:
             flight.progress = entry.register_progress(handle, meta.progressToken)
             params["_meta"] = {**params["_meta"], "progressToken": flight.progress}
@@ -324,7 +339,10 @@ class Flights:
                 flight.capabilities = self.link.client_capabilities  # this request's (2026-07-28)
         self.inflight[client_id] = flight
         try:
-            flight.uid = upstream.send_request(method, _encoder.encode(params), flight)
+            encoded = _encoder.encode(params)
+            if flight.watch is not None:
+                flight.watch.bytes_in = len(encoded)
+            flight.uid = upstream.send_request(method, encoded, flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise
@@ -676,7 +694,9 @@ class Flights:
         meta = _params.relayed_request(msg.params).meta
         token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
         downstream_id = f"mcpool-{next(self.relay_ids)}"
-        self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
+        relay = self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
+        if self.observer is not NO_OBSERVER:
+            relay.watch = Watch(method, upstream.name, "", perf_counter(), 0)
         # Params are relayed byte for byte (omitted when the upstream sent none), but for
         # mcpool's own _meta keys (X9).
         self.link.send(without_own_meta(encode(Request("2.0", downstream_id, method, msg.params))))
@@ -701,6 +721,50 @@ class Flights:
             self.link.drop("a malformed answer to a relayed request", wrong)
             return
         relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
+        if relay.watch is not None:
+            answer = msg.error if msg.error is not UNSET else msg.result
+            relay.watch.bytes_in = len(answer) if answer is not UNSET else 0
+            self.observe(relay.watch, msg.error, b"")
+
+    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None:
+        """An observed request was answered (`line` went to the client; `error`: the error it
+        carried, if any): the observer is told. Never fails the session: the answer is out."""
+        try:
+            duration = perf_counter() - watch.started
+            code: int | None = None
+            if error is not UNSET:
+                outcome = Outcome.ERROR
+                code = _params.error_code(error)
+            elif (
+                watch.method == "tools/call"
+                and line.partition(b'"isError"')[1]
+                and (b'"isError":true' in line or b'"isError": true' in line)
+            ):
+                outcome = Outcome.TOOL_ERROR
+            else:
+                outcome = Outcome.RESULT
+            info = self.link.client_info
+            client = info.get("name", "")
+            version = info.get("version", "")
+            self.observer.call_done(
+                CallDone(
+                    time() - duration,
+                    self._sid,
+                    client if client.__class__ is str else "",
+                    version if version.__class__ is str else "",
+                    self.folder,
+                    watch.server,
+                    watch.method,
+                    watch.name,
+                    duration * 1000.0,
+                    outcome,
+                    watch.bytes_in,
+                    len(line),
+                    code,
+                )
+            )
+        except Exception as exc:
+            self._log(f"the daemon's ledger failed on a {watch.method}: {exc!r}", "error")
 
     # -- calls held for a modern client's retry (session/_input.py) -----------------------------
 

@@ -287,6 +287,14 @@ def malformed_answer(result: Raw | UnsetType, error: Raw | UnsetType) -> str | N
     return None
 
 
+def error_code(error: Raw) -> int | None:
+    """An error object's code, for the ledger; None when it has none."""
+    try:
+        return _error_decoder.decode(error).code
+    except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
+        return None
+
+
 def malformed_error(error: Raw) -> str | None:
     """What is wrong with an error object about to be relayed; None when it is one."""
     return malformed_answer(UNSET, error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -56,6 +57,7 @@ from ._flight import _encoder, _InFlight, _Listen, request_id
 from ._flights import LOG_LEVELS, Flights
 from ._link import ClientLink, PhaseEvent, SessionLog, closing_line
 from ._login_notice import login_needed_text
+from ._observe import NO_OBSERVER, Watch
 
 SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
@@ -626,11 +628,17 @@ class Requests:
         if upstream is None or upstream.era == MODERN or not upstream.alive or entry.turns.on:
             return False
         call.name = upstream_name
-        flight = _InFlight(self.flights, client_id, handle, entry, upstream, self.link.batch)
+        flights = self.flights
+        flight = _InFlight(flights, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
-        self.flights.inflight[client_id] = flight
+        flights.inflight[client_id] = flight
         try:
-            flight.uid = upstream.send_checked("tools/call", _encoder.encode(call), flight)
+            encoded = _encoder.encode(call)
+            if flights.observer is not NO_OBSERVER:
+                flight.watch = Watch(
+                    "tools/call", view.name, upstream_name, perf_counter(), len(encoded)
+                )
+            flight.uid = upstream.send_checked("tools/call", encoded, flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
             raise

@@ -83,6 +83,7 @@ from ._flights import Flights
 from ._interner import UNSHARED, Interner
 from ._link import ClientLink, SessionLog, Writer, _no_log
 from ._login_notice import LoginDesk
+from ._observe import NO_OBSERVER, CallObserver
 from ._reconcile import Desired
 from ._registry import RegistryGeneration, Route
 from ._requests import Requests
@@ -140,6 +141,7 @@ class Session:
         logins: LoginDesk | None = None,
         cursors: CursorBook[tuple[dict[str, Any], ...]] | None = None,
         interner: Interner | None = None,
+        observer: CallObserver = NO_OBSERVER,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -161,7 +163,15 @@ class Session:
                 up.close(reason)
 
         self.link = ClientLink(session_id, out, self._log, broken)
-        self.flights = Flights(session_id, self.link, log=self._log, fault=fault, logins=logins)
+        self.flights = Flights(
+            session_id,
+            self.link,
+            log=self._log,
+            fault=fault,
+            logins=logins,
+            observer=observer,
+            folder=cwd,
+        )
         self.catalog = Catalog(
             session_id,
             pool,

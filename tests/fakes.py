@@ -33,6 +33,7 @@ from mcpool.pool import (
 from mcpool.pool._upstream import Upstream
 from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
 from mcpool.session import Desired, PolicyKey, SessionView
+from mcpool.session._observe import CallDone, Outcome
 
 _pids = itertools.count(10_000)
 
@@ -456,7 +457,7 @@ class LineUpstream(Upstream):
 
 
 class SessionFactsStub:
-    """The session facts an observer reads (session/_observe.py SessionFacts)."""
+    """What a session's records say of it (session/_observe.py `CallDone`)."""
 
     def __init__(
         self,
@@ -469,3 +470,33 @@ class SessionFactsStub:
         self.client_name = client_name
         self.client_version = client_version
         self.folder = folder
+
+
+def call_record(
+    facts: SessionFactsStub,
+    server: str,
+    method: str,
+    name: str,
+    started: float,
+    ended: float,
+    outcome: Outcome,
+    code: int | None,
+    bytes_in: int,
+    bytes_out: int,
+) -> CallDone:
+    """A session's record of one answered request, from when it started and ended."""
+    return CallDone(
+        started,
+        facts.id,
+        facts.client_name,
+        facts.client_version,
+        facts.folder,
+        server,
+        method,
+        name,
+        (ended - started) * 1000.0,
+        outcome,
+        bytes_in,
+        bytes_out,
+        code,
+    )

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import pytest
 import trio
-from fakes import SessionFactsStub
+from fakes import SessionFactsStub, call_record
 
 from mcpool.daemon._audit import AuditLog
 from mcpool.daemon._ledger import Ledger, cmd_audit, parse_since, render_stats
@@ -19,7 +20,7 @@ from mcpool.session._observe import CallDone, Outcome
 def _call(
     sid: str, server: str, name: str, at: float, outcome: Outcome = Outcome.RESULT
 ) -> CallDone:
-    return CallDone(
+    return call_record(
         SessionFactsStub(sid), server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70
     )
 
@@ -29,8 +30,8 @@ async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) 
     ledger = Ledger(AuditLog(path))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ledger.run)
-        ledger.call_done(_call("s1", "git", "log", trio.current_time()))
-        ledger.call_done(_call("s2", "git", "log", trio.current_time(), Outcome.TOOL_ERROR))
+        ledger.call_done(_call("s1", "git", "log", time.time()))
+        ledger.call_done(_call("s2", "git", "log", time.time(), Outcome.TOOL_ERROR))
         nursery.cancel_scope.cancel()
     stats = ledger.stats.as_json()
     assert stats["servers"]["git"]["calls"] == 2
@@ -49,7 +50,7 @@ async def test_daemonctl_audit_filters_and_prints(
 ) -> None:
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)
-    now = trio.current_time()
+    now = time.time()
     for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs")):
         log.call_done(_call(sid, server, "t", now))
     log.flush()

@@ -11,11 +11,14 @@ import pytest
 import trio
 import trio.testing
 from fakes import SessionFactsStub as Facts
+from fakes import call_record
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpool.daemon import _audit
 from mcpool.daemon._audit import AuditLog, read_audit
-from mcpool.daemon._stats import Stats, bucket_of, bucket_top, percentiles
-from mcpool.session._observe import CallDone, Outcome
+from mcpool.daemon._stats import Counters, Stats, bucket_of, bucket_top, percentiles
+from mcpool.session._observe import Outcome
 
 
 def test_a_duration_is_read_back_within_its_bucket() -> None:
@@ -40,16 +43,16 @@ def test_stats_count_by_server_tool_and_session() -> None:
     stats = Stats(max_tools=2)
     s1, s2 = Facts("s1"), Facts("s2")
     stats.call_done(
-        CallDone(s1, "git", "tools/call", "log", 0.0, 0.010, Outcome.RESULT, None, 10, 100)
+        call_record(s1, "git", "tools/call", "log", 0.0, 0.010, Outcome.RESULT, None, 10, 100)
     )
     stats.call_done(
-        CallDone(s2, "git", "tools/call", "log", 0.0, 0.030, Outcome.TOOL_ERROR, None, 5, 50)
+        call_record(s2, "git", "tools/call", "log", 0.0, 0.030, Outcome.TOOL_ERROR, None, 5, 50)
     )
     stats.call_done(
-        CallDone(s1, "fs", "resources/read", "file:///a", 0.0, 0.001, Outcome.ERROR, -1, 1, 2)
+        call_record(s1, "fs", "resources/read", "file:///a", 0.0, 0.001, Outcome.ERROR, -1, 1, 2)
     )
     stats.call_done(
-        CallDone(s1, "fs", "tools/call", "past-the-cap", 0.0, 0.001, Outcome.RESULT, None, 1, 1)
+        call_record(s1, "fs", "tools/call", "past-the-cap", 0.0, 0.001, Outcome.RESULT, None, 1, 1)
     )
     out = stats.as_json(in_flight={"git": 1})
     git = out["servers"]["git"]
@@ -72,13 +75,15 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
         log.call_done(
-            CallDone(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
+            call_record(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
         )
         assert not path.exists()  # nothing written per call
         await trio.sleep(_audit.FLUSH_INTERVAL * 1.5)
         assert path.exists() and stat.S_IMODE(os.stat(path).st_mode) == 0o600
         log.call_done(
-            CallDone(Facts("s2"), "fs", "prompts/get", "p", 2.0, 2.5, Outcome.ERROR, -32602, 1, 2)
+            call_record(
+                Facts("s2"), "fs", "prompts/get", "p", 2.0, 2.5, Outcome.ERROR, -32602, 1, 2
+            )
         )
         nursery.cancel_scope.cancel()  # the end flushes what waits
     records = list(read_audit(path))
@@ -98,12 +103,12 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
 async def test_what_waits_is_bounded_and_the_drop_is_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_audit, "MAX_PENDING_BYTES", 2000)
+    monkeypatch.setattr(_audit, "MAX_PENDING", 40)
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)
     for n in range(100):
         log.call_done(
-            CallDone(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
+            call_record(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
         )
     assert log.dropped > 0
     dropped = log.dropped
@@ -118,10 +123,41 @@ async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
     log = AuditLog(path, max_bytes=400)
     for n in range(12):
         log.call_done(
-            CallDone(Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1)
+            call_record(
+                Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1
+            )
         )
         log.flush()
     assert (tmp_path / "audit.jsonl.1").exists()
     names = [r.name for r in read_audit(path)]
     assert names == sorted(names, key=lambda s: int(s[1:]))  # oldest first, none twice
     assert names[-1] == "t11"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=1e7, allow_nan=False),
+            st.sampled_from(list(Outcome)),
+            st.integers(0, 1 << 20),
+            st.integers(0, 1 << 20),
+        ),
+        max_size=60,
+    )
+)
+def test_a_batch_counts_what_its_calls_one_by_one_count(
+    calls: list[tuple[float, Outcome, int, int]],
+) -> None:
+    """The ledger counts in batches over C loops (`Counters.add_batch`): the same counters
+    and histogram as `add` call by call, whatever the durations (bucket edges included)."""
+    records = [
+        call_record(Facts(), "git", "tools/call", "t", 0.0, ms / 1000.0, outcome, None, i, o)
+        for ms, outcome, i, o in calls
+    ]
+    one_by_one = Counters()
+    for r in records:
+        one_by_one.add(r.duration_ms, r.outcome is not Outcome.RESULT, r.bytes_in, r.bytes_out)
+    batched = Stats()
+    batched.add_batch(records)
+    got = batched.servers.get("git", Counters())
+    assert got == one_by_one

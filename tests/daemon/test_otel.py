@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 from fakes import SessionFactsStub as Facts
+from fakes import call_record
 from otlp_receiver import otlp_receiver
 
 from mcpool.daemon import _otel
-from mcpool.session._observe import CallDone, Outcome
+from mcpool.session._observe import Outcome
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 
@@ -27,17 +28,17 @@ async def test_spans_follow_the_mcp_conventions_and_metrics_arrive(
         observer = _otel.start("0.1.0")
         t = trio.current_time()
         observer.call_done(
-            CallDone(
+            call_record(
                 Facts("s7"), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20
             )
         )
         observer.call_done(
-            CallDone(
+            call_record(
                 Facts("s7"), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
             )
         )
         observer.call_done(
-            CallDone(
+            call_record(
                 Facts("s7"),
                 "fs",
                 "resources/read",
