@@ -375,8 +375,12 @@ class PoolEntry:
             go = self.turns.passed(self.busy_sessions())
             if not go:
                 return
-            for waiter in go:
-                waiter(None)  # each fences itself; a stale one (its session gone) does nothing
+            self.turns.resuming = True
+            try:
+                for waiter in go:
+                    waiter(None)  # each fences itself; a stale one (its session gone) does nothing
+            finally:
+                self.turns.resuming = False
 
     def publish(self, snapshot: Snapshot) -> None:
         """Install a new snapshot (one reference swap) and tell every view."""

@@ -10,11 +10,13 @@ rules, both here and pure, the I/O in `pool/_pool.py`:
   nobody's (refused). Several: held (`Turns.unrouted`, at most MAX_UNROUTED) until they are one,
   as each call ends; never guessed (X8).
 - `Turns`: once a server has sent such a request, calls from different sessions to it are
-  taken in turn: a session sends while no other session's calls are there, or waits (FIFO,
-  each session's requests together). A session with calls there may send more (the client may
-  need the server to answer what it was asked). So from then on every request it sends has one
-  owner; only the first, if it came while several sessions' calls were there, waits for those
-  calls to end.
+  taken in turn: a session sends while no other session's calls are there, or waits (first
+  come, first served, each session's waiting requests together). The session whose turn it is
+  sends more while nobody waits; once another session waits, its new requests wait behind that
+  one, so a session that always has a call out cannot starve the others (each turn ends when
+  its calls do, each bounded by its time limit). So from then on every request the server sends
+  has one owner; only the first, if it came while several sessions' calls were there, waits for
+  those calls to end.
 """
 
 from __future__ import annotations
@@ -77,22 +79,27 @@ Waiter = Callable[[str | None], None]
 class Turns:
     """One entry's turn-taking (see the module docstring): `on` once its server has asked."""
 
-    __slots__ = ("holder", "on", "queue", "unrouted")
+    __slots__ = ("holder", "on", "queue", "resuming", "unrouted")
 
     def __init__(self) -> None:
         self.on = False
         self.holder: str | None = None  # the session whose requests go now
+        self.resuming = False  # while the holder's waiting requests are resumed (`passed`)
         self.queue: list[tuple[Lease, Waiter]] = []
         self.unrouted: list[tuple[Upstream, Message]] = []
 
     def may_go(self, session_id: str, busy: Iterable[str]) -> bool:
         """May this session's request go to the server now? (True: it holds the turn.)"""
-        if not self.on or self.holder == session_id:
+        if not self.on:
             return True
-        if self.holder is None and all(s == session_id for s in busy):
+        if self.holder == session_id:
+            # Its waiting requests, resumed as its turn begins, go; a new one goes only while
+            # nobody waits (else after them).
+            return self.resuming or not self.queue
+        if self.holder is None and not self.queue and all(s == session_id for s in busy):
             self.holder = session_id
             return True
-        return False
+        return False  # (a call's end passes the turn on: `passed`)
 
     def wait(self, handle: Lease, waiter: Waiter) -> None:
         self.queue.append((handle, waiter))

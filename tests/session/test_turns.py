@@ -68,6 +68,8 @@ def test_turns_pass_in_order_each_sessions_requests_together() -> None:
         waiter(None)
     assert calls == ["a1", "a2"] and turns.holder == "a"
     assert not turns.may_go("c", {"a"})
+    # c waits: a's next request goes after c's turn, so a busy session starves nobody.
+    assert not turns.may_go("a", {"a"})
     for waiter in turns.passed(set()):
         waiter(None)
     assert calls == ["a1", "a2", "c1"] and turns.holder == "c"
@@ -198,3 +200,20 @@ async def test_a_cut_call_keeps_its_claim_until_it_goes_quiet(
     assert asked(oa) == [] and asked(ob) == []
     await trio.sleep(CUT_CALL_QUIET + 1)  # a's cut call has gone quiet: it was b's
     assert asked(oa) == [] and len(asked(ob)) == 1
+
+
+async def test_a_busy_session_does_not_starve_one_that_waits(nursery: trio.Nursery) -> None:
+    up, entry, (sa, _oa), (sb, _ob) = await two_sessions(nursery)
+    call(sa, 1)
+    asks(up, "ask-1")  # a's: turns are on, a holds the turn
+    call(sb, 1)  # b waits for a's call to end
+    call(sa, 2)  # a has a call there, but b waits: a's goes after b's turn
+    [a1] = calls_sent(up)
+    assert entry.turns.statistics()["waiting"] == 2
+    up.reply(a1, {"content": []})
+    await trio.testing.wait_all_tasks_blocked()
+    [_, b1] = calls_sent(up)
+    assert entry.turns.statistics()["holder"] == "b"
+    up.reply(b1, {"content": []})
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(calls_sent(up)) == 3 and entry.turns.statistics()["holder"] == "a"
