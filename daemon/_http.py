@@ -1602,8 +1602,15 @@ class HttpEndpoint:
             if outcome is _Outcome.TAKEN:
                 pass  # another connection sends it now
             elif outcome is _Outcome.GONE and out.resumable and not out.closed and hs.spawn:
-                out.detach()
-                hs.spawn(self._expire_detached, hs, out)
+                try:
+                    hs.spawn(self._expire_detached, hs, out)
+                    out.detach()
+                except RuntimeError:
+                    # The session's nursery closed as this connection ended: trio closes it
+                    # when its last task ends and only reschedules its owner, so this task can
+                    # run before the owner's `hs.spawn = None`. Its session is over, and so is
+                    # the stream.
+                    out.close()
             else:
                 out.close()
         if outcome is not _Outcome.ENDED:
@@ -1695,19 +1702,23 @@ class HttpEndpoint:
                             conn.receive_data(data)
 
                     nursery.start_soon(watch)
-                    if prime:
-                        primer = priming_event(out.number, out.last_taken)
-                        await self._send(stream, conn, h11.Data(data=primer))
-                    for chunk in replay:
-                        await self._send(stream, conn, h11.Data(data=chunk))
-                    if first is not None:
-                        out.taken(first)
-                        await self._send(stream, conn, h11.Data(data=first))
-                        out.sent(first)
-                    async for chunk in out.receive:
-                        out.taken(chunk)
-                        await self._send(stream, conn, h11.Data(data=chunk))
-                        out.sent(chunk)
+                    try:
+                        if prime:
+                            primer = priming_event(out.number, out.last_taken)
+                            await self._send(stream, conn, h11.Data(data=primer))
+                        for chunk in replay:
+                            await self._send(stream, conn, h11.Data(data=chunk))
+                        if first is not None:
+                            out.taken(first)
+                            await self._send(stream, conn, h11.Data(data=first))
+                            out.sent(first)
+                        async for chunk in out.receive:
+                            out.taken(chunk)
+                            await self._send(stream, conn, h11.Data(data=chunk))
+                            out.sent(chunk)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        # The client went away (a reset) while we wrote: as when it closes.
+                        gone = True
                     nursery.cancel_scope.cancel()
             finally:
                 out.detach()
