@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 # Closing: the DELETE that ends our session on the server is a courtesy; never wait long for it.
 CLOSE_GRACE = 2.0
+# How long a new connection waits for its GET stream's answer before it is served anyway.
+GET_OPEN_WAIT = 2.0
 # A server that ends the GET stream without a `retry` field: reconnect after this (as the SDKs).
 GET_RETRY = 1.0
 # A broken response stream is resumed (GET with Last-Event-ID) at most this many times in a row,
@@ -274,7 +276,13 @@ class HttpUpstream(Upstream):
                         if self.era == _eras.MODERN:
                             nursery.start_soon(self._keep_listening)
                         elif self.identity.kind == "http" and self.session_id is not None:
-                            nursery.start_soon(self._get_stream, client)
+                            # Open (its response's head in) before the connection is served, so
+                            # what the server sends its GET stream from the start is not missed
+                            # and the stream is not taken for a reconnection; bounded.
+                            opened = trio.Event()
+                            nursery.start_soon(self._get_stream, client, opened)
+                            with trio.move_on_after(GET_OPEN_WAIT):
+                                await opened.wait()
                         task_status.started(self)
                         await self._close_requested.wait()
                         nursery.cancel_scope.cancel()
@@ -537,8 +545,15 @@ class HttpUpstream(Upstream):
 
     # -- server streams -----------------------------------------------------------------------
 
-    async def _get_stream(self, client: httpx2.AsyncClient) -> None:
-        """Streamable HTTP: the GET stream for server messages unrelated to any request."""
+    async def _get_stream(self, client: httpx2.AsyncClient, opened: trio.Event) -> None:
+        """Streamable HTTP: the GET stream for server messages unrelated to any request.
+        `opened` is set once its first answer's head is in (or it will not open)."""
+        try:
+            await self._get_stream_loop(client, opened)
+        finally:
+            opened.set()
+
+    async def _get_stream_loop(self, client: httpx2.AsyncClient, opened: trio.Event) -> None:
         last_id: str | None = None
         retry = GET_RETRY
         while self.alive:
@@ -547,6 +562,7 @@ class HttpUpstream(Upstream):
                 headers["last-event-id"] = last_id
             try:
                 async with client.stream("GET", self.url, headers=headers) as resp:
+                    opened.set()
                     status = resp.status_code
                     if status == 405:
                         return  # the server offers no GET stream: only POST streams
