@@ -244,8 +244,8 @@ class Handle:
         return self.entry.key.lifecycle_id
 
 
-def _nothing() -> None:
-    pass
+def no_retry() -> None:
+    """An entry's `retry_unrouted` while no connection's events are there (pool/_pool.py)."""
 
 
 class PoolEntry:
@@ -315,7 +315,7 @@ class PoolEntry:
         # something, and its requests no session owns yet (issue 29 item 3, pool/_turns.py).
         self.turns = Turns()
         # Set by the connection's events (pool/_pool.py): routes what `turns.unrouted` holds.
-        self.retry_unrouted: Callable[[], None] = _nothing
+        self.retry_unrouted: Callable[[], None] = no_retry
 
     @property
     def name(self) -> str:
@@ -364,7 +364,7 @@ class PoolEntry:
     def may_send(self, session_id: str) -> bool:
         """May this session's request go to the upstream now (`Turns`)? Always, until the
         server has asked a client something."""
-        return not self.turns.on or self.turns.may_go(session_id, self.busy_sessions())
+        return self.turns.may_go(session_id, self.busy_sessions())
 
     def calls_ended(self) -> None:
         """A handle's last request at the upstream ended (only called once `turns.on`): what

@@ -44,6 +44,7 @@ from ._entry import (
     PoolEntry,
     close_deadline,
     next_idle_since,
+    no_retry,
 )
 from ._guardian import Guardian
 from ._items import json_type, malformed_item, malformed_note
@@ -970,6 +971,8 @@ class _EntryEvents:
 
     def started(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
+        # This connection's events route what waits for an owner (the entry outlives them).
+        self.entry.retry_unrouted = self.retry_unrouted
         deferred, self._deferred = self._deferred, []
         for spec in deferred:
             self._schedule_relist(*spec)
@@ -979,6 +982,10 @@ class _EntryEvents:
         self.upstream = None
         self.nursery = None
         self._deferred = []
+        # Held for want of an owner: their call ended with the connection. And the entry lets
+        # go of these events (a cycle through the entry, else, that only the collector ends).
+        self.entry.turns.unrouted.clear()
+        self.entry.retry_unrouted = no_retry
 
     def on_notification(self, method: str, params: Raw | UnsetType) -> None:
         entry = self.entry
@@ -1036,7 +1043,6 @@ class _EntryEvents:
             # From now on calls from different sessions go in turn, so each request it sends
             # has one owner (pool/_turns.py).
             entry.turns.on = True
-            entry.retry_unrouted = self.retry_unrouted
             self.pool.log(
                 "info",
                 f"server '{entry.name}' asks its clients things during calls: calls to it "
@@ -1052,16 +1058,13 @@ class _EntryEvents:
         entry = self.entry
         cut = entry.cut_sessions(trio.current_time()) if entry.cut_calls else {}
         verdict, owner, reason = attribute(handles, cut)
-        stdio = entry.identity.kind == "stdio"
-        if verdict is Verdict.HOLD and stdio and not held:
-            if len(entry.turns.unrouted) < MAX_UNROUTED:
-                entry.turns.unrouted.append((upstream, msg))
+        if verdict is Verdict.HOLD and entry.identity.kind == "stdio":
+            if held or len(entry.turns.unrouted) < MAX_UNROUTED:
+                if not held:
+                    entry.turns.unrouted.append((upstream, msg))
                 self._retry_when_cut_ends(cut)
                 return False
             reason = f"{MAX_UNROUTED} requests from it already wait for their session"
-        elif verdict is Verdict.HOLD and held:
-            self._retry_when_cut_ends(cut)
-            return False
         if owner is not None:
             self._deliver(owner, upstream, msg)
             return True

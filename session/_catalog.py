@@ -11,7 +11,7 @@ its views, told when the servers are leased and when the first generation is pub
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -259,9 +259,9 @@ class Catalog:
                 else:  # ACQUIRE, REPLACE
                     # What the session asked of this server follows it to the new connection
                     # (issue 29 item 5): its log level, and the URIs it subscribed to there.
-                    carried: frozenset[str] | set[str] = frozenset()
+                    carried: Iterable[str] = ()  # (the lease copies it)
                     if old is not None and old.handle is not None:
-                        carried = set(old.handle.subscriptions)
+                        carried = old.handle.subscriptions
                         # Replaced by other transport settings: closed at once if now unused.
                         self.pool.release(old.handle, replaced=True)
                     view = SessionView(
