@@ -400,7 +400,7 @@ class AdminApi:
         stats = self._ledger.stats_json(in_flight)
         stats["audit"] = {
             "path": str(self._ledger.audit.path) if self._ledger.audit.path else None,
-            "dropped": self._ledger.audit.dropped,
+            "dropped": self._ledger.dropped_total,
         }
         stats["otel"] = self._ledger.otel is not None
         return stats

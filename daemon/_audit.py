@@ -5,12 +5,11 @@ when, which session (its client's name and version, its folder), which server an
 prompt, how long, the outcome (result, isError, or the error's code) and the bytes each way.
 Never an argument, a result or a secret: the observer is given none (session/_observe.py).
 
-The session's records (`CallDone`, which is the line) are kept in memory and written in one
-write, encoded in one msgspec call, every FLUSH_INTERVAL or sooner once FLUSH_RECORDS wait (by
-the daemon's ledger, daemon/_ledger.py, or alone by `run`), so a call costs no system call and
-no encoding of its own. What waits is bounded (MAX_PENDING: past it, records are dropped and
-counted, and the next write says how many). The file is 0600 and rotated by size like the
-daemon's log (daemon/_log.py: audit.jsonl.1, .2, ...).
+`AuditLog` writes the session's records (`CallDone`, which is the line) as the daemon's ledger
+hands them over in batches (daemon/_ledger.py, which keeps them meanwhile and bounds them): one
+write per batch, encoded in one msgspec call, so a call costs no system call and no encoding of
+its own. The file is 0600 and rotated by size like the daemon's log (daemon/_log.py:
+audit.jsonl.1, .2, ...).
 """
 
 from __future__ import annotations
@@ -20,17 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import trio
 
 from mcpool.session._observe import CallDone
 
 from ._log import JsonLinesLog
 
-FLUSH_INTERVAL = 1.0
-FLUSH_RECORDS = 256  # (about 64 KB of lines)
-# Records waiting for a write, at most (about 4 MB): past it, a flood no flush keeps up with,
-# they are dropped and counted, and the next write says how many.
-MAX_PENDING = 16_384
 MAX_BYTES = 16 * 1024 * 1024  # a file; with BACKUPS, 64 MiB in all
 BACKUPS = 3
 # `daemonctl audit` reads at most this much of the files (the newest).
@@ -46,53 +39,21 @@ _decoder = msgspec.json.Decoder(AuditLine)
 
 class AuditLog:
     def __init__(self, path: Path | str | None, *, max_bytes: int = MAX_BYTES) -> None:
-        self.path = Path(path) if path is not None else None
+        self.path = Path(path) if path is not None else None  # None: nothing is written
         self._file = JsonLinesLog(self.path, max_bytes=max_bytes, backups=BACKUPS)
-        self._pending: list[CallDone] = []
-        self.dropped = 0
-        self._due = trio.Event()
 
-    def call_done(self, call: CallDone) -> None:
-        """Alone (not under a ledger): kept until the next flush, at most MAX_PENDING."""
-        if self.path is None:
-            return
-        if len(self._pending) >= MAX_PENDING:
-            self.dropped += 1
-            return
-        self._pending.append(call)
-        if len(self._pending) >= FLUSH_RECORDS:
-            self._due.set()
-
-    def write(self, calls: list[CallDone]) -> None:
-        """Append these records (and a count of those dropped since the last write) in one
+    def write(self, calls: list[CallDone], dropped: int = 0) -> None:
+        """Append these records, and a line saying how many were dropped before them, in one
         write, encoded in one call; the file rotates before it when full."""
-        if self.path is None or not (calls or self.dropped):
+        if self.path is None or not (calls or dropped):
             return
         data = _encoder.encode_lines(calls)
-        if self.dropped:
-            data += b'{"dropped": %d}\n' % self.dropped
-            self.dropped = 0
+        if dropped:
+            data += b'{"dropped": %d}\n' % dropped
         self._file.write_line(data[:-1].decode())
-
-    def flush(self) -> None:
-        """Write what waits."""
-        calls, self._pending = self._pending, []
-        self.write(calls)
 
     def close(self) -> None:
         self._file.close()
-
-    async def run(self) -> None:
-        """The owner task: flushes every FLUSH_INTERVAL (or at FLUSH_RECORDS), and at the end."""
-        try:
-            while True:
-                with trio.move_on_after(FLUSH_INTERVAL):
-                    await self._due.wait()
-                self._due = trio.Event()
-                self.flush()
-        finally:
-            self.flush()
-            self.close()
 
 
 def _files(path: Path) -> list[Path]:

@@ -37,6 +37,12 @@ class AdminCalls(Protocol):
     def call(self, method: str, params: dict[str, Any]) -> Any: ...
 
 
+# Records wait for the next drain: every FLUSH_INTERVAL, or sooner once FLUSH_RECORDS wait
+# (about 64 KB of lines). At most MAX_PENDING wait (about 4 MB): past it, a flood no drain keeps
+# up with, records are dropped and counted, and the next audit write says how many.
+FLUSH_INTERVAL = 1.0
+FLUSH_RECORDS = 256
+MAX_PENDING = 16_384
 # `daemonctl audit` prints at most this many records unless told otherwise (the newest).
 DEFAULT_AUDIT_LINES = 200
 
@@ -57,6 +63,8 @@ class Ledger:
         self.audit = audit
         self.otel = otel
         self._pending: list[CallDone] = []
+        self.dropped = 0  # since the last drain (the audit file is told)
+        self.dropped_total = 0  # since the daemon started (`daemonctl stats`)
         self._due = trio.Event()
 
     @classmethod
@@ -67,21 +75,23 @@ class Ledger:
 
     def call_done(self, call: CallDone) -> None:
         """On the path of every observed call: the record waits for the next `drain`."""
-        if len(self._pending) >= _audit.MAX_PENDING:
-            self.audit.dropped += 1  # (said in the audit file; not counted in the statistics)
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1  # (said in the audit file; not counted in the statistics)
+            self.dropped_total += 1
             return
         self._pending.append(call)
         if self.otel is not None:
             self.otel.call_done(call)
-        if len(self._pending) >= _audit.FLUSH_RECORDS:
+        if len(self._pending) >= FLUSH_RECORDS:
             self._due.set()
 
     def drain(self) -> None:
         """What waits goes to the statistics and the audit file, as one batch each."""
         calls, self._pending = self._pending, []
+        dropped, self.dropped = self.dropped, 0
         if calls:
             self.stats.add_batch(calls)
-        self.audit.write(calls)
+        self.audit.write(calls, dropped)
 
     def stats_json(self, in_flight: dict[str, int]) -> dict[str, Any]:
         self.drain()
@@ -96,7 +106,7 @@ class Ledger:
         FLUSH_INTERVAL (or at FLUSH_RECORDS), and at the end."""
         try:
             while True:
-                with trio.move_on_after(_audit.FLUSH_INTERVAL):
+                with trio.move_on_after(FLUSH_INTERVAL):
                     await self._due.wait()
                 self._due = trio.Event()
                 self.drain()

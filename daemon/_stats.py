@@ -30,7 +30,7 @@ _FLOOR_LOG = math.log2(FLOOR_MS)
 
 
 def bucket_of(duration_ms: float) -> int:
-    # The same float operations as `_Batch`'s C loops, so the two agree at every boundary.
+    # The same float operations as `_Batch`'s, so the two agree at every boundary.
     return int(
         (log2(duration_ms if duration_ms > FLOOR_MS else FLOOR_MS) - _FLOOR_LOG)
         * BUCKETS_PER_DOUBLING
@@ -119,7 +119,6 @@ class _Batch:
         )
 
 
-_duration = attrgetter("duration_ms")
 _session = attrgetter("session")
 _outcome = attrgetter("outcome")
 _bytes_in = attrgetter("bytes_in")

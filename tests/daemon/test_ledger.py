@@ -51,9 +51,12 @@ async def test_daemonctl_audit_filters_and_prints(
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)
     now = time.time()
-    for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs")):
-        log.call_done(_call(sid, server, "t", now))
-    log.flush()
+    log.write(
+        [
+            _call(sid, server, "t", now)
+            for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs"))
+        ]
+    )
     args = argparse.Namespace(session="s1", server=None, since=None, n=0)
     assert cmd_audit(args, True, path) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -1,4 +1,5 @@
-"""The statistics and the audit log as call observers (daemon/_stats.py, daemon/_audit.py)."""
+"""The statistics and the audit log (daemon/_stats.py, daemon/_audit.py), as the ledger
+(daemon/_ledger.py) feeds them."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from fakes import call_record
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpool.daemon import _audit
+from mcpool.daemon import _ledger
 from mcpool.daemon._audit import AuditLog, read_audit
+from mcpool.daemon._ledger import Ledger
 from mcpool.daemon._stats import Counters, Stats, bucket_of, bucket_top, percentiles
 from mcpool.session._observe import Outcome
 
@@ -71,14 +73,14 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     path = tmp_path / "state" / "audit.jsonl"
-    log = AuditLog(path)
+    log = Ledger(AuditLog(path))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
         log.call_done(
             call_record(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
         )
         assert not path.exists()  # nothing written per call
-        await trio.sleep(_audit.FLUSH_INTERVAL * 1.5)
+        await trio.sleep(_ledger.FLUSH_INTERVAL * 1.5)
         assert path.exists() and stat.S_IMODE(os.stat(path).st_mode) == 0o600
         log.call_done(
             call_record(
@@ -103,16 +105,17 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
 async def test_what_waits_is_bounded_and_the_drop_is_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_audit, "MAX_PENDING", 40)
+    monkeypatch.setattr(_ledger, "MAX_PENDING", 40)
     path = tmp_path / "audit.jsonl"
-    log = AuditLog(path)
+    log = Ledger(AuditLog(path))
     for n in range(100):
         log.call_done(
             call_record(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
         )
     assert log.dropped > 0
     dropped = log.dropped
-    log.flush()
+    log.drain()
+    assert (log.dropped, log.dropped_total) == (0, dropped)  # `daemonctl stats` keeps the count
     lines = path.read_text().splitlines()
     assert json.loads(lines[-1]) == {"dropped": dropped}
     assert len(list(read_audit(path))) == len(lines) - 1
@@ -122,12 +125,13 @@ async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path, max_bytes=400)
     for n in range(12):
-        log.call_done(
-            call_record(
-                Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1
-            )
+        log.write(
+            [
+                call_record(
+                    Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1
+                )
+            ]
         )
-        log.flush()
     assert (tmp_path / "audit.jsonl.1").exists()
     names = [r.name for r in read_audit(path)]
     assert names == sorted(names, key=lambda s: int(s[1:]))  # oldest first, none twice

@@ -19,24 +19,14 @@ import trio
 from otlp_receiver import otlp_receiver
 
 from e2e.harness import DaemonFactory, DaemonProcess, RawSocketClient, fake_server, write_settings
-from e2e.test_startup import attach_raw
+from e2e.test_session_state import open_session as open_raw_session
 
 STEP = 20.0
 
 
 async def open_session(client: RawSocketClient, d: DaemonProcess) -> str:
     settings = write_settings(d.root / "s.json", {"up": fake_server()})
-    sid = await attach_raw(client, d, settings, "ledgered")
-    await client.request(
-        "initialize",
-        {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "ledger-test", "version": "7.1"},
-        },
-    )
-    await client.notify("notifications/initialized")
-    return sid
+    return await open_raw_session(client, d, settings, "ledger-test", "7.1")
 
 
 async def some_calls(client: RawSocketClient, secret: str) -> list[dict[str, Any]]:

@@ -21,17 +21,25 @@ STEP = 15.0  # bounds a hang
 README = "fake://readme"
 
 
-async def open_session(client: RawSocketClient, d: DaemonProcess, settings: Any) -> None:
-    await attach_raw(client, d, settings, "follower")
+async def open_session(
+    client: RawSocketClient,
+    d: DaemonProcess,
+    settings: Any,
+    name: str = "follower",
+    version: str = "1",
+) -> str:
+    """A raw socket session attached to `settings` and initialized as client `name`: its id."""
+    sid = await attach_raw(client, d, settings, name)
     await client.request(
         "initialize",
         {
             "protocolVersion": "2025-06-18",
             "capabilities": {},
-            "clientInfo": {"name": "follower", "version": "1"},
+            "clientInfo": {"name": name, "version": version},
         },
     )
     await client.notify("notifications/initialized")
+    return sid
 
 
 def by_process(lines: list[str]) -> dict[str, list[str]]:
