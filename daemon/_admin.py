@@ -61,6 +61,16 @@ class LogsParams(Struct, frozen=True):
     lines: Annotated[int, Meta(ge=0, le=LOG_LINES_MAX)] = LOG_LINES_DEFAULT
 
 
+class ChangesParams(Struct, frozen=True):
+    server: str | None = None  # only this server's
+
+
+class ApproveParams(Struct, frozen=True):
+    server: NonEmpty
+    tools: Annotated[list[NonEmpty], Meta(max_length=10_000)] = []  # none: all pending
+    file: NonEmpty | None = None  # only in this settings file
+
+
 class SetServerParams(Struct, frozen=True):
     session: NonEmpty
     name: NonEmpty
@@ -104,6 +114,9 @@ COMMANDS: dict[str, Command] = {
     "logout": Command(RestartParams, "logout"),
     # The ledger's statistics (daemon/_ledger.py, _stats.py).
     "stats": Command(NoParams, "stats"),
+    # Pins (daemon/_pinkeeper.py).
+    "changes": Command(ChangesParams, "changes"),
+    "approve": Command(ApproveParams, "approve"),
 }
 
 # Only with MCPOOL_TEST_HOOKS=1 in the daemon's environment: a test forces an unexpected error in
@@ -157,7 +170,9 @@ __all__ = [
     "PREFIX",
     "TEST_COMMANDS",
     "TEST_HOOKS_ENV",
+    "ApproveParams",
     "AttachParams",
+    "ChangesParams",
     "Command",
     "ExplainParams",
     "LogsParams",

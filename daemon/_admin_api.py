@@ -40,6 +40,7 @@ from ._explain import explain
 from ._hosting import SettingsHost
 from ._ledger import Ledger
 from ._login import Logins
+from ._pinkeeper import PinKeeper
 from ._settings import parse_server_entry
 from ._snapshots import describe_snapshot
 
@@ -94,8 +95,11 @@ class AdminApi:
         spawn_shared: Callable[[Callable[[], Awaitable[None]]], None],
         commands: dict[str, _admin.Command],
         ledger: Ledger | None = None,
+        pins: PinKeeper | None = None,
     ) -> None:
         self._process = process
+        # What `changes` and `approve` read and write (an admin made alone pins nothing).
+        self._pins = pins if pins is not None else PinKeeper(None, lambda: "off", process.log)
         # What `stats` reads: the daemon's (an admin made alone counts nothing).
         self._ledger = ledger if ledger is not None else Ledger(AuditLog(None))
         self._host = host
@@ -123,6 +127,8 @@ class AdminApi:
             "loginWait": self._admin_loginWait,
             "logout": self._admin_logout,
             "stats": self._admin_stats,
+            "changes": self._admin_changes,
+            "approve": self._admin_approve,
             "testCrash": self._admin_testCrash,
             "testFail": self._admin_testFail,
         }
@@ -187,6 +193,8 @@ class AdminApi:
                 "interner": self._interner.statistics(),
             },
             "options": msgspec.to_builtins(self._files.options),
+            # Pinning (issue 30): the mode, pending changes and the latest warnings.
+            "pins": self._pins.status_json(),
             # One row per rejected server part (S3, S8), gone once a candidate no longer has it.
             "registry_errors": [
                 {"session": sid, "server": server, "error": error}
@@ -296,7 +304,7 @@ class AdminApi:
                         {
                             "server": name,
                             "id": v.handle.lifecycle_id if v.handle else None,
-                            "policy": v.key.canonical(),
+                            "policy": v.policy.canonical(),
                             "prefix": v.prefix,
                             "source": v.source,
                         }
@@ -404,6 +412,23 @@ class AdminApi:
         }
         stats["otel"] = self._ledger.otel is not None
         return stats
+
+    async def _admin_changes(self, params: _admin.ChangesParams) -> list[dict[str, Any]]:
+        return self._pins.changes_json(params.server)
+
+    async def _admin_approve(self, params: _admin.ApproveParams) -> dict[str, Any]:
+        approved = self._pins.approve(params.server, params.tools, params.file)
+        # Each session with a view of the server projects it again: what was held is served,
+        # and those whose view changed get list_changed.
+        told = 0
+        for st in list(self._sessions.by_id.values()):
+            if params.server in st.session.views and not st.session.closed:
+                st.session.views_changed("pins")
+                told += 1
+        return {
+            "approved": [{"kind": c.kind, "name": c.name} for c in approved],
+            "sessions": told,
+        }
 
     async def _admin_logs(self, params: _admin.LogsParams) -> dict[str, Any]:
         lines, name = params.lines, params.name

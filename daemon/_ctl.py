@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcpool.daemon import _ledger, _login
+from mcpool.daemon import _ledger, _login, _pinkeeper
 from mcpool.daemon._paths import (
     UnsafeSocketPath,
     check_daemon_peer,
@@ -201,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     set_server.add_argument("entry", metavar="JSON", type=_json_object)
     _login.add_commands(add)
     _ledger.add_commands(add)
+    _pinkeeper.add_commands(add)
     return parser
 
 
@@ -525,6 +526,8 @@ _COMMANDS: dict[str, Command] = {
     "login": _login.cmd_login,
     "logout": _login.cmd_logout,
     "stats": _ledger.cmd_stats,
+    "changes": _pinkeeper.cmd_changes,
+    "approve": _pinkeeper.cmd_approve,
 }
 
 

@@ -51,7 +51,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ from ._ledger import Ledger
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._login import Logins
+from ._pinkeeper import PinKeeper, pins_path
 from ._sessions import Sessions
 from ._settings import DaemonOptions
 from ._settings_files import SettingsFiles
@@ -220,6 +221,8 @@ class Daemon:
         # The ledger of answered calls: audit log, statistics, OpenTelemetry when asked for
         # (issue 30; daemon/_ledger.py). Made in `run`, with the state folder known.
         self.ledger: Ledger | None = None
+        # The pin book of tool and prompt definitions (issue 30; daemon/_pinkeeper.py).
+        self.pins: PinKeeper | None = None
 
     # -- what tests and main() read ------------------------------------------------------------
 
@@ -271,26 +274,31 @@ class Daemon:
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         guardian = Guardian()
         ledger = self.ledger = Ledger.for_daemon(__version__)
+        pins = self.pins = PinKeeper(
+            pins_path(), lambda: self.settings.options.pinning, self.process.log
+        )
+        pins.load()
         async with trio.open_nursery() as ledger_nursery:
-            # Outlives the sessions and the pool: what they told it is written at the end.
-            ledger_nursery.start_soon(self._run_ledger, ledger)
-            status = await self._run_parts(guardian, ledger)
+            # Outlive the sessions and the pool: what they told them is written at the end.
+            ledger_nursery.start_soon(self._run_fenced, ledger.run, "the audit log")
+            ledger_nursery.start_soon(self._run_fenced, pins.run, "the pin file's writer")
+            status = await self._run_parts(guardian, ledger, pins)
             ledger_nursery.cancel_scope.cancel()
         return status
 
-    async def _run_ledger(self, ledger: Ledger) -> None:
-        """The ledger's owner task, fenced: an audit file that cannot be written loses the
-        audit (said in the log), never the daemon."""
+    async def _run_fenced(self, run: Callable[[], Awaitable[None]], what: str) -> None:
+        """An owner task of what the daemon writes, fenced: a file that cannot be written
+        loses what it keeps (said in the log), never the daemon."""
         try:
-            await ledger.run()
+            await run()
         except Exception as exc:
             self.process.log(
                 "error",
-                f"the audit log stopped: {type(exc).__name__}: {exc}",
+                f"{what} stopped: {type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(),
             )
 
-    async def _run_parts(self, guardian: Guardian, ledger: Ledger) -> int:
+    async def _run_parts(self, guardian: Guardian, ledger: Ledger, pins: PinKeeper) -> int:
         process = self.process
         log = process.log
         try:
@@ -318,6 +326,7 @@ class Daemon:
                     cursors=self.cursors,
                     interner=self.interner,
                     observer=ledger,
+                    pins=pins,
                 )
                 leases.keep_always()
                 if self.options.prewarm:
@@ -334,6 +343,7 @@ class Daemon:
                         spawn_shared=conn_nursery.start_soon,
                         commands=self.commands,
                         ledger=ledger,
+                        pins=pins,
                     )
                     connections = ConnectionServer(
                         process,

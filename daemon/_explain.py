@@ -90,7 +90,8 @@ def explain(
                     "visible": visible,
                     "rule": rule,
                     "filter": filt,
-                    "policy": view.key.canonical(),
+                    "policy": view.policy.canonical(),
+                    "held": upstream in view.key.held,
                     "source": view.source,
                     "seen_by": seen_by,
                     "hidden_from": hidden_from,
@@ -130,6 +131,8 @@ def _visibility(
     filt = (
         "excludeTools"
         if "excludeTools" in rule
+        else "pinning"
+        if upstream in view.key.held
         else "includeTools"
         if view.key.include is not None
         else None

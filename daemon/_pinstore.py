@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from mcpool.session._pins import Change, Pin, ServerPins
+from mcpool.session._pins import Added, Change, Pin, ServerPins
 
 from ._files import read_bounded, write_private
 
@@ -40,11 +40,18 @@ class _ChangeDoc(msgspec.Struct):
     pending: bool
 
 
+class _AddedDoc(msgspec.Struct):
+    kind: str
+    name: str
+    seen: float
+
+
 class _ServerDoc(msgspec.Struct):
     source: str  # the settings file
     server: str
     pins: list[_PinDoc]
     changes: list[_ChangeDoc] = []
+    added: list[_AddedDoc] = []
 
 
 class _BookDoc(msgspec.Struct):
@@ -60,6 +67,11 @@ def _pin_doc(kind: str, name: str, pin: Pin) -> _PinDoc:
 
 
 def save(path: Path, book: dict[BookKey, ServerPins]) -> None:
+    write_private(path, encode(book))
+
+
+def encode(book: dict[BookKey, ServerPins]) -> bytes:
+    """The file's bytes for `book` (taken in the daemon's loop; written in a thread)."""
     doc = _BookDoc(
         VERSION,
         [
@@ -79,11 +91,12 @@ def save(path: Path, book: dict[BookKey, ServerPins]) -> None:
                     )
                     for c in pins.changes
                 ],
+                [_AddedDoc(a.kind, a.name, a.seen) for a in pins.added],
             )
             for (source, server), pins in sorted(book.items())
         ],
     )
-    write_private(path, msgspec.json.encode(doc))
+    return msgspec.json.encode(doc)
 
 
 class PinFileError(Exception):
@@ -120,5 +133,6 @@ def load(path: Path) -> dict[BookKey, ServerPins]:
             pins.changes.append(
                 Change(c.kind, c.name, pinned, c.current, c.current_digest, c.seen, c.pending)
             )
+        pins.added = [Added(a.kind, a.name, a.seen) for a in server.added]
         book[(server.source, server.server)] = pins
     return book

@@ -15,6 +15,7 @@ from mcpool.session import Interner, Session, new_session_id
 from mcpool.session._cursors import CursorBook
 from mcpool.session._login_notice import LoginDesk
 from mcpool.session._observe import NO_OBSERVER
+from mcpool.session._pins import NO_PINS, PinDesk
 
 from ._attached import AttachedSessions, SessionRecord
 from ._core import DaemonProcess
@@ -34,8 +35,10 @@ class Sessions:
         cursors: CursorBook[tuple[dict[str, Any], ...]],
         interner: Interner,
         observer: Ledger | None = None,
+        pins: PinDesk = NO_PINS,
     ) -> None:
         self._attached = attached
+        self._pins = pins
         # Told of every session's answered calls (audit log, statistics; daemon/_ledger.py).
         self._ledger = observer
         self._interner = interner
@@ -79,6 +82,7 @@ class Sessions:
             cursors=self._cursors,
             interner=self._interner,
             observer=self._ledger if self._ledger is not None else NO_OBSERVER,
+            pins=self._pins,
         )
         session.set_name_budget(explicit=max_name_length, configured=options.max_name_length)
         record = SessionRecord(session, sources, via, env)

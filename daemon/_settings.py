@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mcpool.pool import ServerSettings, transport_kind
+from mcpool.pool import PinningMode, ServerSettings, transport_kind
 from mcpool.protocol import SettingsError
 
 from ._files import read_bounded
@@ -79,6 +79,10 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # Seconds a request's whole head, then its whole body, may take to arrive (slowloris).
     http_head_timeout: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     http_body_timeout: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+    # What a tool or prompt whose definition changed since it was first served does (issue 30,
+    # session/_pins.py): "warn" serves it and says so, "hold" serves neither definition until
+    # `daemonctl approve`, "off" pins nothing. A server's own "pinning" overrides it.
+    pinning: PinningMode = "warn"
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

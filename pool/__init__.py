@@ -37,6 +37,7 @@ from ._snapshots import (
 )
 from ._spec import (
     UNSHARED_TABLES,
+    PinningMode,
     PoolTables,
     ServerSettings,
     TransportIdentity,
@@ -64,6 +65,7 @@ __all__ = [
     "Guardian",
     "Handle",
     "MemorySnapshotStore",
+    "PinningMode",
     "Pool",
     "PoolEntry",
     "PoolOptions",

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 
-class Snapshot(msgspec.Struct, frozen=True):
+class Snapshot(msgspec.Struct, frozen=True, weakref=True):
     """What an entry's upstream offers, at one generation. Items are decoded upstream objects,
     shared by every view and never mutated (views clone what they change)."""
 

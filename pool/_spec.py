@@ -30,6 +30,9 @@ Scope = Literal["shared", "workspace", "session"]
 StartPolicy = Literal["eager", "lazy", "always"]
 # The revisions a server may be pinned to (`protocolVersion`): mcpool speaks each.
 PinnedVersion = Literal["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
+# What a changed tool or prompt definition does (issue 30; session/_pins.py): served with a
+# warning, held until `daemonctl approve`, or not pinned at all.
+PinningMode = Literal["warn", "hold", "off"]
 
 FINGERPRINT_CHARS = 12  # 48 bits: ample for the handful of entries one user's pool holds
 
@@ -64,6 +67,8 @@ class ServerSettings(
     # Pins the protocol revision mcpool speaks to the server (issue 29 item 1): a handshake-era
     # one skips the `server/discover` probe and asks `initialize` at it; 2026-07-28 requires it.
     protocol_version: PinnedVersion | None = None
+    # Overrides the daemon's `pinning` for this server (None: the daemon's).
+    pinning: PinningMode | None = None
 
 
 class PoolTables:

@@ -30,7 +30,9 @@ from ._eras import MODERN
 from ._flights import Flights
 from ._interner import Interner
 from ._link import ClientLink, SessionLog
+from ._login_notice import may_log
 from ._names import MAX_NAME, name_budget
+from ._pins import NO_PINS, PinDesk, PinState, change_warning
 from ._reconcile import ActionKind, Desired, Held, reconcile
 from ._registry import (
     LIST_KINDS,
@@ -95,6 +97,8 @@ class Catalog:
         "name_budget",
         "notifications_sent",
         "pending_kinds",
+        "pins",
+        "pins_told",
         "pool",
         "ready",
         "registry",
@@ -117,9 +121,14 @@ class Catalog:
         log_enabled: Callable[[str], bool],
         fault: Callable[[str, BaseException], None],
         interner: Interner,
+        pins: PinDesk = NO_PINS,
     ) -> None:
         self._sid = sid
         self.pool = pool
+        # The daemon's pin book (issue 30): what of each snapshot is held, what changed.
+        self.pins = pins
+        # The changes this session's client was told of: (source, server, kind, name, digest).
+        self.pins_told: set[tuple[str | None, str, str, str, str]] = set()
         self.interner = interner  # the daemon's: projections, aggregates, canonical bytes
         self.link = link
         self._flights = flights
@@ -216,7 +225,7 @@ class Catalog:
             h = view.handle
             assert h is not None
             usable = not h.released and h.entry.state.value not in ("closed", "failed")
-            out[name] = Held(h.identity, view.key, view.prefix, view.source, usable)
+            out[name] = Held(h.identity, view.policy, view.prefix, view.source, usable)
         return out
 
     async def apply_settings(
@@ -384,11 +393,18 @@ class Catalog:
         interner = self.interner
         refs = interner.projections.refs
         projections = []
+        pins = self.pins
         for view in views:
             handle = view.handle
             assert handle is not None
             entry = handle.entry
             snapshot = entry.snapshot
+            # Pinning first: a changed definition it holds is never projected, not even once.
+            pinned = pins.state(view.source, view.name, view.policy.pinning, snapshot)
+            if pinned.held != view.key.held:
+                view.key = view.policy.holding(pinned.held, interner)
+            if pinned.changes:
+                self._tell_changes(view, pinned)
             key, name, prefix = view.key, view.name, view.prefix
             ref = refs.get((entry, snapshot.generation, key, name, prefix, budget))
             found = ref() if ref is not None else None
@@ -443,6 +459,34 @@ class Catalog:
             if self.spawn is not None and not self._notifying:
                 self._notifying = True
                 self.spawn(self._notify_pending)
+
+    def tell_changes(self) -> None:
+        """The handshake is over: what pinning found before it is told now."""
+        for view in self.views.values():
+            if view.handle is not None:
+                snapshot = view.handle.entry.snapshot
+                pinned = self.pins.state(view.source, view.name, view.policy.pinning, snapshot)
+                if pinned.changes:
+                    self._tell_changes(view, pinned)
+
+    def _tell_changes(self, view: SessionView, pinned: PinState) -> None:
+        """Tell the client, once each, of the pending changes of items its view would show
+        (a warning log message, as far as its era and log level let a server log)."""
+        if not self.link.initialized:
+            return  # (`tell_changes` follows the handshake)
+        for change in pinned.changes:
+            told = (view.source, view.name, change.kind, change.name, change.current_digest)
+            if told in self.pins_told or not view.policy.allows(change.name):
+                continue
+            self.pins_told.add(told)
+            if may_log(modern=self.link.era is MODERN, log_level=self.link.log_level):
+                text = change_warning(view.name, change, pinned.mode)
+                self.link.send(
+                    notification(
+                        "notifications/message",
+                        {"level": "warning", "logger": "mcpool", "data": text},
+                    )
+                )
 
     def _record_rejections(self, rejected: tuple[CandidateRejected, ...]) -> None:
         """The session's registry errors are exactly the latest candidate's rejections: an error

@@ -21,13 +21,16 @@ import difflib
 import enum
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Protocol
 
+from mcpool.pool import PinningMode
 from mcpool.protocol import canonical_bytes
 
-PinningMode = Literal["warn", "hold", "off"]
+if TYPE_CHECKING:
+    from mcpool.pool import Snapshot
+
 DEFAULT_PINNING: PinningMode = "warn"
 # What of a definition is pinned (what the model reads), by kind.
 PINNED_FIELDS = {
@@ -80,12 +83,23 @@ class Change:
         return "\n".join(difflib.unified_diff(old, new, "pinned", "current", lineterm="", n=2))
 
 
+@dataclass(frozen=True, slots=True)
+class Added:
+    """An item first seen on a server that was pinned already (listed by `daemonctl changes`:
+    a server that grows a tool is a change the user may want to see, not one to hold)."""
+
+    kind: str
+    name: str
+    seen: float
+
+
 @dataclass(slots=True)
 class ServerPins:
     """The pins of one server in one settings file."""
 
     pins: dict[tuple[str, str], Pin] = field(default_factory=dict)  # (kind, name) -> pin
     changes: list[Change] = field(default_factory=list)
+    added: list[Added] = field(default_factory=list)  # the RECENT_CHANGES newest
 
     def pending(self) -> dict[tuple[str, str], Change]:
         return {(c.kind, c.name): c for c in self.changes if c.pending}
@@ -105,6 +119,7 @@ def judge(
     items: Iterable[tuple[str, Mapping[str, Any]]],
     mode: PinningMode,
     now: float,
+    digest_of: Callable[[str, Mapping[str, Any]], str] = digest,
 ) -> Judgement:
     """Compare `items` ((kind, definition) pairs) with `book`, updating it: new items are
     pinned, new changes recorded, changes whose item is back to its pin closed."""
@@ -115,17 +130,20 @@ def judge(
     warnings: list[str] = []
     dirty = False
     pending = book.pending()
+    first_sight = not book.pins  # the server's first discovery: nothing is "new" yet
     for kind, item in items:
         name = item.get("name")
         if not isinstance(name, str):
             continue
         key = (kind, name)
-        current = digest(kind, item)
+        current = digest_of(kind, item)
         pin = book.pins.get(key)
         if pin is None:
             book.pins[key] = Pin(current, pinned_part(kind, item), now)
             verdicts[key] = Verdict.NEW
             dirty = True
+            if not first_sight:
+                book.added.append(Added(kind, name, now))
             continue
         if pin.digest == current:
             verdicts[key] = Verdict.KEPT
@@ -139,17 +157,10 @@ def judge(
         if change is None or change.current_digest != current:
             if change is not None:
                 change.pending = False
-            book.changes.append(Change(kind, name, pin, pinned_part(kind, item), current, now))
+            recorded = Change(kind, name, pin, pinned_part(kind, item), current, now)
+            book.changes.append(recorded)
             dirty = True
-            warnings.append(
-                f"server '{server}': the definition of {kind} '{name}' changed since it was "
-                f"pinned; "
-                + (
-                    "it is held until `daemonctl approve " + server + " " + name + "`"
-                    if mode == "hold"
-                    else "served as it is now (pinning: warn)"
-                )
-            )
+            warnings.append(change_warning(server, recorded, mode))
         if mode == "hold":
             held.add(key)
     if len(book.changes) > RECENT_CHANGES:
@@ -157,6 +168,7 @@ def judge(
         done = [c for c in book.changes if not c.pending]
         book.changes = [*done[-max(0, RECENT_CHANGES - len(keep)) :], *keep]
         book.changes.sort(key=lambda c: c.seen)
+    del book.added[:-RECENT_CHANGES]
     return Judgement(verdicts, frozenset(held), tuple(warnings), dirty)
 
 
@@ -172,3 +184,53 @@ def approve(book: ServerPins, names: Iterable[str] = ()) -> list[Change]:
             change.pending = False
             approved.append(change)
     return approved
+
+
+@dataclass(frozen=True, slots=True)
+class PinState:
+    """What pinning makes of one server's snapshot for the views of one settings file: the
+    names not served, and the changes pending among its items (each view tells its client of
+    those it would show, once)."""
+
+    mode: PinningMode
+    held: frozenset[str]  # tool and prompt names (the views' policy filters both by name)
+    changes: tuple[Change, ...]
+
+
+UNPINNED = PinState("off", frozenset(), ())
+
+
+class PinDesk(Protocol):
+    """What a session's catalog asks about pins (the daemon's `PinKeeper`,
+    daemon/_pinkeeper.py): the state of `server`'s `snapshot` as the settings file `source`
+    pins it, under the server's own `mode` (None: the daemon's)."""
+
+    def state(
+        self, source: str | None, server: str, mode: PinningMode | None, snapshot: Snapshot
+    ) -> PinState: ...
+
+
+class _NoPins:
+    """A session made alone (tests, tools): nothing is pinned."""
+
+    def state(
+        self, source: str | None, server: str, mode: PinningMode | None, snapshot: Snapshot
+    ) -> PinState:
+        return UNPINNED
+
+
+NO_PINS: PinDesk = _NoPins()
+
+
+def change_warning(server: str, change: Change, mode: PinningMode) -> str:
+    """What a session's client is told of a change it would see (a warning log message)."""
+    what = f"server '{server}' changed the definition of its {change.kind} '{change.name}'"
+    if mode == "hold":
+        return (
+            f"{what} since it was pinned: it is held (not served) until `daemonctl approve "
+            f"{server} {change.name}`; `daemonctl changes` shows the difference"
+        )
+    return (
+        f"{what} since it was pinned; it is served as it is now (pinning: warn). "
+        "`daemonctl changes` shows the difference"
+    )

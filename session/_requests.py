@@ -57,6 +57,7 @@ from ._flight import _encoder, _InFlight, _Listen, request_id
 from ._flights import LOG_LEVELS, Flights
 from ._link import ClientLink, PhaseEvent, SessionLog, closing_line
 from ._login_notice import login_needed_text
+from ._names import exposed_name
 from ._observe import NO_OBSERVER, Watch
 
 SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
@@ -374,6 +375,7 @@ class Requests:
                     entry = view.handle.entry if view.handle is not None else None
                     if entry is not None and entry.state is EntryState.NEEDS_LOGIN:
                         self.flights.tell_login_needed(view.name)
+                self.catalog.tell_changes()
         elif method == "notifications/cancelled":
             c = _params.cancelled(params)
             rid = c.requestId
@@ -554,6 +556,14 @@ class Requests:
                 and entry.state is EntryState.NEEDS_LOGIN
             ):
                 return f"Unknown tool: {name}: {login_needed_text(view.name)}"
+            budget = self.catalog.name_budget
+            for upstream in view.key.held:
+                if exposed_name(view.name, upstream, prefix=view.prefix, budget=budget) == name:
+                    return (
+                        f"Tool held: server '{view.name}' changed the definition of '{upstream}' "
+                        "since it was pinned, and the change is not approved: see `daemonctl "
+                        f"changes`, then `daemonctl approve {view.name} {upstream}` to serve it"
+                    )
         return f"Unknown tool: {name} (no server of this session exposes it)"
 
     def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:

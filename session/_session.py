@@ -84,6 +84,7 @@ from ._interner import UNSHARED, Interner
 from ._link import ClientLink, SessionLog, Writer, _no_log
 from ._login_notice import LoginDesk
 from ._observe import NO_OBSERVER, CallObserver
+from ._pins import NO_PINS, PinDesk
 from ._reconcile import Desired
 from ._registry import RegistryGeneration, Route
 from ._requests import Requests
@@ -142,6 +143,7 @@ class Session:
         cursors: CursorBook[tuple[dict[str, Any], ...]] | None = None,
         interner: Interner | None = None,
         observer: CallObserver = NO_OBSERVER,
+        pins: PinDesk = NO_PINS,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -183,6 +185,7 @@ class Session:
             fault=fault,
             # The daemon's; a session made alone (tests, tools) shares the unshared one.
             interner=interner if interner is not None else UNSHARED,
+            pins=pins,
         )
         # The daemon's book of listed lists, shared by its sessions (pages are cached on shared
         # lists); a session made alone keeps its own.

@@ -277,6 +277,7 @@ class SessionView:
         "interner",
         "key",
         "name",
+        "policy",
         "prefix",
         "session",
         "source",
@@ -295,6 +296,10 @@ class SessionView:
         self.session = session
         self.interner = interner
         self.name = name
+        # `policy`: the key its settings give (what reconciling compares); `key`: the one it
+        # serves through, that key with the names pinning holds (session/_policy.py), set by
+        # the catalog as it projects each snapshot.
+        self.policy = key
         self.key = key
         self.prefix = prefix
         self.source = source
@@ -331,8 +336,10 @@ class SessionView:
 
     def update(self, key: PolicyKey, *, prefix: bool, source: str | None) -> bool:
         """R2: adopt a new policy; True when the canonical view changed (a replay is due)."""
-        changed = key != self.key or prefix != self.prefix
-        self.key = key
+        changed = key != self.policy or prefix != self.prefix
+        self.policy = key
+        # What pinning holds stays held until the catalog projects again.
+        self.key = key.holding(self.key.held, self.interner)
         self.prefix = prefix
         self.source = source
         return changed

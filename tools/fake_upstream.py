@@ -36,6 +36,9 @@ dynamic set installed by set_tools. Environment switches:
                         in it (nothing else: no builtins, prompts, resources or templates);
                         a missing or empty file lists nothing, and "garbled" answers
                         tools/list with {"tools": "garbled"}
+  FAKE_DESCRIPTION_FILE=path  read at every listing: lines `name=description` replace the
+                        description of those tools (a server changing a definition it served:
+                        what pinning catches)
 
 FAKE_FLOOD=1 lists one more tool, `flood`: it sends `count` log messages of about `size` bytes
 as fast as it can, then answers; with `ignore_cancel` it goes on after the call is cancelled (a
@@ -407,7 +410,22 @@ class FakeServer:
             if name not in seen:
                 seen.add(name)
                 tools.append(_named_tool(name))
-        return tools
+        described = self.descriptions()
+        return [{**t, "description": described[t["name"]]} if t["name"] in described else t
+                for t in tools]  # fmt: skip
+
+    def descriptions(self) -> dict[str, str]:
+        """FAKE_DESCRIPTION_FILE's `name=description` lines now (none without it)."""
+        path = self.env.get("FAKE_DESCRIPTION_FILE")
+        if path is None:
+            return {}
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return {}
+        pairs = (line.split("=", 1) for line in lines if "=" in line)
+        return {name.strip(): text for name, text in pairs}
 
     def paginate(self, params: Json, key: str, items: list[Json]) -> Json:
         if self.page_size is None:
