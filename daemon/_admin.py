@@ -13,7 +13,7 @@ looks a command up here, decodes, and calls the handler of that name (`AdminApi`
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
@@ -88,6 +88,8 @@ class AttachParams(Struct, frozen=True, rename="camel"):
     env: dict[str, str] = {}
     # `mcpool attach --max-name-length N` (session/_names.py holds it to a sane range).
     max_name_length: Annotated[int, Meta(ge=1, le=1024)] | None = None
+    # `mcpool attach --tool-search on|off` (session/_toolsearch.py); None: the daemon's.
+    tool_search: Literal["on", "off"] | None = None
 
 
 class Command(Struct, frozen=True):

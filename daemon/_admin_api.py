@@ -292,6 +292,8 @@ class AdminApi:
                     "protocol_version": s.protocol_version,
                     "settings_generation": s.settings_generation,
                     "pending_notifications": len(s.pending_kinds),
+                    # mcpool's own tool search (issue 31): mode, on now, bytes spared.
+                    "tool_search": s.tool_search(),
                     "notifications_sent": s.notifications_sent,
                     # Bytes waiting for the client, and log and progress messages dropped while
                     # its client was behind (X8).

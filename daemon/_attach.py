@@ -94,7 +94,7 @@ READ_SIZE = 65536
 
 USAGE = (
     "usage: mcpool attach [--socket PATH] [--settings FILE]... [--name NAME]"
-    " [--max-name-length N]\n"
+    " [--max-name-length N] [--tool-search on|off]\n"
 )
 
 
@@ -115,6 +115,8 @@ class _Options:
         self.name: str | None = None
         # The longest exposed tool name this client takes (its own prefix counted).
         self.max_name_length: int | None = None
+        # mcpool's own tool search for this session (issue 31): "on", "off" or the daemon's.
+        self.tool_search: str | None = None
 
 
 def _parse(args: list[str]) -> _Options | int:
@@ -126,7 +128,7 @@ def _parse(args: list[str]) -> _Options | int:
             sys.stdout.write(USAGE)
             return 0
         key, eq, value = arg.partition("=")
-        if key not in ("--socket", "--settings", "--name", "--max-name-length"):
+        if key not in ("--socket", "--settings", "--name", "--max-name-length", "--tool-search"):
             return _usage_error(f"unrecognized argument {arg!r}")
         if not eq:
             i += 1
@@ -141,6 +143,10 @@ def _parse(args: list[str]) -> _Options | int:
             if not value.isdigit() or not 1 <= int(value) <= 1024:
                 return _usage_error(f"--max-name-length takes a whole number, got {value!r}")
             opts.max_name_length = int(value)
+        elif key == "--tool-search":
+            if value not in ("on", "off"):
+                return _usage_error(f"--tool-search takes on or off, got {value!r}")
+            opts.tool_search = value
         else:
             opts.name = value
         i += 1
@@ -218,6 +224,8 @@ def _run(opts: _Options) -> int:
             params["env"] = env
         if opts.max_name_length is not None:
             params["maxNameLength"] = opts.max_name_length
+        if opts.tool_search is not None:
+            params["toolSearch"] = opts.tool_search
         handoff = _can_hand_off(0, 1)
         if handoff:
             params["handoff"] = True

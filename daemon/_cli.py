@@ -12,6 +12,7 @@ usage: mcpool COMMAND [ARGS...]
 
 commands:
   attach [--socket PATH] [--settings FILE]... [--name NAME] [--max-name-length N]
+         [--tool-search on|off]
               a stdio MCP server relaying to the mcpool daemon (starting it when needed)
   daemon ...  run the daemon in the foreground (`mcpool daemon --help`)
   demo        see mcpool share one server between three sessions (private, cleans up)

@@ -493,9 +493,10 @@ class ConnectionServer:
             cwd, name, env = params.cwd, params.name or "session", params.env
             handoff = params.handoff and _usable_stdio(handed)
             explicit_budget = params.max_name_length
+            tool_search = params.tool_search
         else:
             sources, cwd, name, env = [self._sessions.config_path], None, "socket", None
-            explicit_budget = None
+            explicit_budget = tool_search = None
         in_fd, out = fd, writer
         if handoff:
             in_fd, out_fd = handed
@@ -516,6 +517,7 @@ class ConnectionServer:
             via=via,
             env=env,
             max_name_length=explicit_budget,
+            tool_search=tool_search,
         )
         if handoff:
             # The bridge's end is watched by the daemon's one `_BridgeSockets` task, so a

@@ -744,7 +744,7 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
         return
     table = _table(
         "ID", "NAME", "ERA", "VIA", "CWD", "ATTACHED", "SERVERS", "GENERATION", "PENDING",
-        "DROPPED",
+        "DROPPED", "SEARCH",
     )  # fmt: skip
     for session in sessions:
         table.add_row(
@@ -759,8 +759,20 @@ def _render_sessions(sessions: list[dict[str, Any]]) -> None:
             _text(session.get("pending_notifications")),
             # log/progress messages shed while the client was behind (X8)
             _text(session.get("lossy_dropped")),
+            _text(_search_cell(session.get("tool_search"))),
         )
     _print(table)
+
+
+def _search_cell(search: Any) -> str | None:
+    """mcpool's tool search for a session: on (with the bytes it spared) or off, and how
+    decided."""
+    if not isinstance(search, dict):
+        return None
+    mode = search.get("mode")
+    if search.get("on"):
+        return f"on ({mode}), {search.get('spared_bytes', 0)} B spared"
+    return f"off ({mode})"
 
 
 def _render_explain(result: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from mcpool.session._cursors import CursorBook
 from mcpool.session._login_notice import LoginDesk
 from mcpool.session._observe import NO_OBSERVER
 from mcpool.session._pins import NO_PINS, PinDesk
+from mcpool.session._toolsearch import ToolSearchMode, ToolSearchSettings
 
 from ._attached import AttachedSessions, SessionRecord
 from ._core import DaemonProcess
@@ -64,6 +65,7 @@ class Sessions:
         via: str = "socket",
         env: dict[str, str] | None = None,
         max_name_length: int | None = None,
+        tool_search: ToolSearchMode | None = None,
     ) -> SessionRecord:
         """A new session writing to `out`, recorded as attached and its files watched."""
         options = self._files.options
@@ -83,6 +85,11 @@ class Sessions:
             interner=self._interner,
             observer=self._ledger if self._ledger is not None else NO_OBSERVER,
             pins=self._pins,
+            tool_search=ToolSearchSettings(
+                tool_search or options.tool_search,
+                options.tool_search_tools,
+                options.tool_search_bytes,
+            ),
         )
         session.set_name_budget(explicit=max_name_length, configured=options.max_name_length)
         record = SessionRecord(session, sources, via, env)

@@ -24,6 +24,7 @@ import msgspec
 
 from mcpool.pool import PinningMode, ServerSettings, transport_kind
 from mcpool.protocol import SettingsError
+from mcpool.session._toolsearch import DEFAULT_MIN_BYTES, DEFAULT_MIN_TOOLS, ToolSearchMode
 
 from ._files import read_bounded
 
@@ -83,6 +84,13 @@ class DaemonOptions(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=
     # session/_pins.py): "warn" serves it and says so, "hold" serves neither definition until
     # `daemonctl approve`, "off" pins nothing. A server's own "pinning" overrides it.
     pinning: PinningMode = "warn"
+    # mcpool's own tool search (issue 31, session/_toolsearch.py): "auto" turns it on for a
+    # session whose client has none of its own once its view holds more than toolSearchTools
+    # tools or toolSearchBytes bytes of definitions; "on", "off" for every session (`mcpool
+    # attach --tool-search` decides for one). Read when a session opens.
+    tool_search: ToolSearchMode = "auto"
+    tool_search_tools: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_MIN_TOOLS
+    tool_search_bytes: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_MIN_BYTES
 
 
 class SettingsDocument(msgspec.Struct, rename="camel", kw_only=True):

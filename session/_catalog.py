@@ -448,17 +448,24 @@ class Catalog:
             self.ready = True
             self._owner.first_generation()
             return
-        if changed and self.link.initialized and not self.link.closed:
-            if not self._notifying and not self.pending_kinds and not self.link.out.buffered:
-                # Nothing waits to be written: told now, the write itself and no task (S5:
-                # changes coalesce while a write is pending, and this one would not wait).
-                self._write_kinds(changed)
-                return
-            self.pending_kinds.update(changed)
-            self._notify_wake.set()
-            if self.spawn is not None and not self._notifying:
-                self._notifying = True
-                self.spawn(self._notify_pending)
+        if changed:
+            self.tell_changed(changed)
+
+    def tell_changed(self, changed: Collection[str]) -> None:
+        """The client is told the lists of `changed` kinds changed (S5): now when nothing
+        waits to be written, else coalesced with what waits."""
+        if not self.link.initialized or self.link.closed:
+            return
+        if not self._notifying and not self.pending_kinds and not self.link.out.buffered:
+            # Nothing waits to be written: told now, the write itself and no task (S5:
+            # changes coalesce while a write is pending, and this one would not wait).
+            self._write_kinds(changed)
+            return
+        self.pending_kinds.update(changed)
+        self._notify_wake.set()
+        if self.spawn is not None and not self._notifying:
+            self._notifying = True
+            self.spawn(self._notify_pending)
 
     def tell_changes(self) -> None:
         """The handshake is over: what pinning found before it is told now."""

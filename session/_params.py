@@ -26,12 +26,14 @@ integer), so every one of them is hashable and comparable.
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType, field
 
 from mcpool.protocol import InvalidParams
+
+from ._toolsearch import MAX_QUERY_CHARS, MAX_RESULTS
 
 RequestId = int | str
 ProgressToken = int | str
@@ -231,6 +233,35 @@ def _invalid(exc: msgspec.ValidationError, prefix: str = "params") -> InvalidPar
     where = prefix + (match.group(1) if match else "")
     problem = text[: match.start()] if match else text
     return InvalidParams(f"{where}: {problem}", field=where)
+
+
+class SearchQuery(Struct, gc=False, forbid_unknown_fields=False):
+    """mcpool_search_tools's arguments (session/_toolsearch.py)."""
+
+    query: Annotated[str, msgspec.Meta(max_length=MAX_QUERY_CHARS * 4)]
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)] | None = None
+
+
+class SearchCall(Struct, gc=False):
+    """mcpool_call_tool's arguments: a found tool's exposed name and its own arguments."""
+
+    name: str
+    arguments: dict[str, Any] | None = None
+
+
+def search_query(arguments: dict[str, Any] | None) -> SearchQuery:
+    return _arguments(arguments, SearchQuery)
+
+
+def search_call(arguments: dict[str, Any] | None) -> SearchCall:
+    return _arguments(arguments, SearchCall)
+
+
+def _arguments(arguments: dict[str, Any] | None, kind: type[T]) -> T:
+    try:
+        return msgspec.convert(arguments or {}, kind)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc, "params.arguments") from None
 
 
 def typed(params: dict[str, Any], kind: type[T]) -> T:

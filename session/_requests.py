@@ -38,6 +38,7 @@ from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_heade
 
 from . import _params
 from ._catalog import Catalog
+from ._clients import traits_of
 from ._cursors import CursorBook, CursorError
 from ._eras import (
     HANDSHAKE,
@@ -59,6 +60,21 @@ from ._link import ClientLink, PhaseEvent, SessionLog, closing_line
 from ._login_notice import login_needed_text
 from ._names import exposed_name
 from ._observe import NO_OBSERVER, Watch
+from ._toolsearch import (
+    CALL_TOOL,
+    DEFAULT_RESULTS,
+    SEARCH_TOOL,
+    SessionSearch,
+    ToolSearchSettings,
+)
+
+NO_SEARCH = ToolSearchSettings("off")
+SEARCH_TOOLS = frozenset({SEARCH_TOOL, CALL_TOOL})
+
+
+def _encoded_size(value: Any) -> int:
+    return len(_encoder.encode(value))
+
 
 SERVER_INFO: dict[str, Any] = {"name": "mcpool", "version": __version__}
 
@@ -101,6 +117,7 @@ class Requests:
         "flights",
         "link",
         "page_size",
+        "search",
     )
 
     def __init__(
@@ -113,9 +130,12 @@ class Requests:
         cursors: CursorBook[tuple[dict[str, Any], ...]],
         page_size: int,
         log: SessionLog,
+        tool_search: ToolSearchSettings = NO_SEARCH,
     ) -> None:
         self._sid = sid
         self.link = link
+        # mcpool's own tool search, for clients without one (issue 31; session/_toolsearch.py).
+        self.search = SessionSearch(tool_search)
         self.catalog = catalog
         self.flights = flights
         # The daemon's book of listed lists, shared by its sessions (pages are cached on
@@ -480,19 +500,31 @@ class Requests:
     def _ping(self, msg: Message, p: dict[str, Any], t: _params.Plain) -> None:
         self.send_result(msg, {})
 
-    def _list(self, msg: Message, t: _params.ListPage, kind: str, field: str) -> None:
+    def _list(
+        self,
+        msg: Message,
+        t: _params.ListPage,
+        kind: str,
+        field: str,
+        served: tuple[dict[str, Any], ...] | None = None,
+    ) -> None:
+        """A page of the generation's list of `kind`, or of `served` (the session's own: not
+        cached on the shared aggregate)."""
         gen = self.catalog.registry
-        items: tuple[dict[str, Any], ...] = getattr(gen, kind)
+        items: tuple[dict[str, Any], ...] = getattr(gen, kind) if served is None else served
         cursor = t.cursor
         # A walk goes on on the list it began on (issue 29 item 6): a cursor names that list.
+        own = served is not None
         served, offset = (items, 0) if cursor is None else self._walk(cursor)
         modern = self.link.era is MODERN
         size = self.page_size
         number = self._walk_number(served) if offset + size < len(served) else 0
         # Each page of the current list is encoded once per aggregate, era (a modern one
         # carries more), page size, offset and list number (the one its next cursor names).
-        cacheable = served is items and (
-            offset == 0 or (size > 0 and offset % size == 0 and offset < len(items))
+        cacheable = (
+            not own
+            and served is items
+            and (offset == 0 or (size > 0 and offset % size == 0 and offset < len(items)))
         )
         key = (kind, modern, size, offset, number)
         if cacheable:
@@ -534,7 +566,19 @@ class Requests:
         return number
 
     def _tools_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
+        tools = self.catalog.registry.tools
+        if self.search_on(tools):
+            listed = self.search.listed(tools)
+            spared = self.search.definition_bytes(tools, _encoded_size) - _encoded_size(listed)
+            self.search.spared_bytes += max(0, spared)
+            self._list(msg, t, "tools", "tools", served=listed)
+            return
         self._list(msg, t, "tools", "tools")
+
+    def search_on(self, tools: tuple[dict[str, Any], ...]) -> bool:
+        """Whether this session is served mcpool's search instead of `tools` now."""
+        name = self.link.client_info.get("name")
+        return self.search.on(name if isinstance(name, str) else None, tools, _encoded_size)
 
     def _prompts_list(self, msg: Message, p: dict[str, Any], t: _params.ListPage) -> None:
         self._list(msg, t, "prompts", "prompts")
@@ -569,6 +613,20 @@ class Requests:
     def _tools_call(self, msg: Message, p: dict[str, Any], t: _params.ToolsCall) -> None:
         gen = self.catalog.registry
         name = t.name
+        if name in SEARCH_TOOLS and self.search_on(gen.tools):
+            if name == SEARCH_TOOL:
+                self._search_tools(msg, t, gen.tools)
+                return
+            # CALL_TOOL: the tool it names, called as the client would call it (the same
+            # routing, policy, limits and errors).
+            inner = _params.search_call(t.arguments)
+            if inner.name in SEARCH_TOOLS:
+                raise InvalidParams(f"{CALL_TOOL} calls a found tool, not {inner.name}")
+            p = {"name": inner.name, "arguments": inner.arguments or {}}
+            if t.meta is not None:
+                p["_meta"] = msgspec.to_builtins(t.meta)
+            t = _params.ToolsCall(name=inner.name, arguments=inner.arguments, meta=t.meta)
+            name = inner.name
         route = self.catalog.allows(gen.tool_route(name))
         if route is None:
             # A tool error, as the SDKs' own servers answer it: the model sees the text and can
@@ -590,6 +648,27 @@ class Requests:
             self._check_param_headers(name, p.get("arguments"), self.link.request_headers)
         p["name"] = route.upstream_name
         self.flights.forward(msg, route.view, "tools/call", p, t.meta)
+
+    def _search_tools(
+        self, msg: Message, t: _params.ToolsCall, tools: tuple[dict[str, Any], ...]
+    ) -> None:
+        """mcpool's search: the best matches of the query among the tools the session is
+        served (what it may not see is not there), each whole; for a client that re-lists,
+        they also join its list (bounded) and it is told the list changed."""
+        asked = _params.search_query(t.arguments)
+        found = self.search.find(tools, asked.query, asked.limit or DEFAULT_RESULTS)
+        self.send_result(
+            msg,
+            {
+                "content": [{"type": "text", "text": _encoder.encode({"tools": found}).decode()}],
+            },
+        )
+        client = self.link.client_info.get("name")
+        traits = traits_of(client if isinstance(client, str) else None)
+        relists = traits is None or traits.relists
+        names = [n for t in found if isinstance(n := t.get("name"), str)]
+        if relists and names and self.search.join(names):
+            self.catalog.tell_changed(("tools",))
 
     def _tools_call_direct(self, msg: Message) -> bool:
         """A handshake-era session's tools/call on the common path, forwarded as

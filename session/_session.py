@@ -87,7 +87,8 @@ from ._observe import NO_OBSERVER, CallObserver
 from ._pins import NO_PINS, PinDesk
 from ._reconcile import Desired
 from ._registry import RegistryGeneration, Route
-from ._requests import Requests
+from ._requests import NO_SEARCH, Requests
+from ._toolsearch import ToolSearchSettings
 from ._view import SessionView
 
 DEFAULT_PAGE_SIZE = 500  # most clients read one page; the SDK clients follow cursors
@@ -144,6 +145,7 @@ class Session:
         interner: Interner | None = None,
         observer: CallObserver = NO_OBSERVER,
         pins: PinDesk = NO_PINS,
+        tool_search: ToolSearchSettings | None = None,
     ) -> None:
         self.id = session_id
         self.name = name
@@ -197,11 +199,22 @@ class Session:
             cursors=cursors if cursors is not None else CursorBook(trio.current_time),
             page_size=page_size,
             log=self._log,
+            tool_search=tool_search if tool_search is not None else NO_SEARCH,
         )
         # The daemon's connection task calls this for every line: bound once.
         self.handle_line: Callable[[bytes], None] = self.requests.handle_line
 
     # -- as its views (ViewOwner) and its catalog (CatalogOwner) meet it ------------------------
+
+    def tool_search(self) -> dict[str, Any]:
+        """`daemonctl sessions`: the session's search mode, whether it is on for what it is
+        served now, and the definition bytes its lists did not send."""
+        search = self.requests.search
+        return {
+            "mode": search.settings.mode,
+            "on": self.requests.search_on(self.catalog.registry.tools),
+            "spared_bytes": search.spared_bytes,
+        }
 
     @property
     def name_budget(self) -> int:

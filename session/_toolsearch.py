@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -166,3 +166,90 @@ class ToolIndex:
                         scores[doc.index] += exact * idf * norm
         ranked = sorted((i for i in range(n) if scores[i] > 0), key=lambda i: (-scores[i], i))
         return [self.tools[i] for i in ranked[: max(1, min(limit, MAX_RESULTS))]]
+
+
+# Found tools that join a re-listing client's list (item 3): at most this many, the newest.
+MAX_JOINED = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSearchSettings:
+    """A session's search settings: the daemon's `toolSearch` options, or its attach's
+    `--tool-search`."""
+
+    mode: ToolSearchMode = "auto"
+    min_tools: int = DEFAULT_MIN_TOOLS
+    min_bytes: int = DEFAULT_MIN_BYTES
+
+
+def is_always_loaded(tool: Mapping[str, Any]) -> bool:
+    meta = tool.get("_meta")
+    return isinstance(meta, dict) and meta.get("mcpool/alwaysLoad") is True
+
+
+class SessionSearch:
+    """One session's search: whether it is on for the list it serves, what that list holds,
+    and the index its searches read. Cached per served list (the registry's `tools` tuple,
+    shared while nothing changes), so a session lists and searches without rebuilding."""
+
+    __slots__ = ("_index", "_listed", "_sizes", "joined", "settings", "spared_bytes")
+
+    def __init__(self, settings: ToolSearchSettings) -> None:
+        self.settings = settings
+        # The full list's (tools, encoded size); the search list made from it; its index.
+        self._sizes: tuple[tuple[Mapping[str, Any], ...], int] | None = None
+        self._listed: tuple[Any, tuple[dict[str, Any], ...]] | None = None
+        self._index: tuple[tuple[Mapping[str, Any], ...], ToolIndex] | None = None
+        self.joined: dict[str, None] = {}  # exposed names found, in order (item 3)
+        self.spared_bytes = 0  # definition bytes not sent, over the lists served
+
+    def definition_bytes(
+        self, tools: tuple[Mapping[str, Any], ...], size: Callable[[Any], int]
+    ) -> int:
+        if self._sizes is None or self._sizes[0] is not tools:
+            self._sizes = (tools, size(tools))
+        return self._sizes[1]
+
+    def on(
+        self,
+        client_name: str | None,
+        tools: tuple[Mapping[str, Any], ...],
+        size: Callable[[Any], int],
+    ) -> bool:
+        s = self.settings
+        count = len(tools)
+        # (The size is taken only when the count alone does not decide.)
+        size_now = self.definition_bytes(tools, size) if count <= s.min_tools else 0
+        return search_on(
+            s.mode, client_name, count, size_now, min_tools=s.min_tools, min_bytes=s.min_bytes
+        )
+
+    def listed(self, tools: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        """What the session lists: its always-loaded tools, those found that joined it, and
+        mcpool's two (whose description counts the tools behind them)."""
+        joined_now = tuple(self.joined)
+        last = self._listed
+        if last is not None and last[0][0] is tools and last[0][1] == joined_now:
+            return last[1]
+        joined = self.joined
+        kept = tuple(t for t in tools if is_always_loaded(t) or t.get("name") in joined)
+        out = (*kept, search_tools_definition(len(tools)), call_tool_definition())
+        self._listed = ((tools, joined_now), out)
+        return out
+
+    def find(
+        self, tools: tuple[dict[str, Any], ...], query: str, limit: int
+    ) -> list[Mapping[str, Any]]:
+        if self._index is None or self._index[0] is not tools:
+            self._index = (tools, ToolIndex(tools))
+        return self._index[1].search(query, limit)
+
+    def join(self, names: Iterable[str]) -> bool:
+        """Found tools join the list (the newest MAX_JOINED); True when the list changed."""
+        before = tuple(self.joined)
+        for name in names:
+            self.joined.pop(name, None)
+            self.joined[name] = None
+        while len(self.joined) > MAX_JOINED:
+            del self.joined[next(iter(self.joined))]
+        return tuple(self.joined) != before

@@ -8,8 +8,11 @@ import pytest
 
 from mcpool.session._toolsearch import (
     CALL_TOOL,
+    MAX_JOINED,
     SEARCH_TOOL,
+    SessionSearch,
     ToolIndex,
+    ToolSearchSettings,
     call_tool_definition,
     search_on,
     search_tools_definition,
@@ -88,3 +91,28 @@ def test_the_meta_tools_are_well_formed() -> None:
     call = call_tool_definition()
     assert call["name"] == CALL_TOOL and call["inputSchema"]["required"] == ["name"]
     assert SEARCH_TOOL in call["description"] and CALL_TOOL in search["description"]
+
+
+def test_a_session_lists_its_always_loaded_and_found_tools_and_the_two_of_mcpool() -> None:
+    eager = {**tool("fs__stat", "File status"), "_meta": {"mcpool/alwaysLoad": True}}
+    served = (*TOOLS, eager)
+    search = SessionSearch(ToolSearchSettings("on"))
+    listed = search.listed(served)
+    assert [t["name"] for t in listed] == ["fs__stat", SEARCH_TOOL, CALL_TOOL]
+    assert search.listed(served) is listed  # made once per served list
+    assert search.join(["git__log"]) and not search.join(["git__log"])
+    assert [t["name"] for t in search.listed(served)][:2] == ["git__log", "fs__stat"]
+    # At most MAX_JOINED found tools stay, the newest.
+    search.join(f"filler__t{n}" for n in range(MAX_JOINED + 5))
+    assert len(search.joined) == MAX_JOINED and "git__log" not in search.joined
+
+
+def test_auto_decides_by_client_count_and_size() -> None:
+    search = SessionSearch(ToolSearchSettings("auto", min_tools=40, min_bytes=1_000))
+    few = tuple(TOOLS[:3])
+    size = len  # (any size function: the settings' bytes are compared with what it says)
+    assert search.on("codex-mcp-client", tuple(TOOLS), size)  # many tools
+    assert not search.on("claude-code", tuple(TOOLS), size)  # it has its own search
+    assert not search.on("codex-mcp-client", few, lambda tools: 10)
+    assert SessionSearch(ToolSearchSettings("auto", 40, 5)).on("codex", few, lambda t: 10)
+    assert not SessionSearch(ToolSearchSettings("off")).on("codex", tuple(TOOLS), size)
