@@ -58,8 +58,10 @@ def search_on(
     if mode != "auto":
         return mode == "on"
     traits = traits_of(client_name)
-    if traits is not None and traits.tool_search:
-        return False  # it has its own: the real list serves it better
+    if traits is None or traits.tool_search:
+        # Its own search serves it better than ours; and a client mcpool does not know (an
+        # IDE with a tool picker, say) keeps the list it had, as before the search existed.
+        return False
     return tool_count > min_tools or definition_bytes > min_bytes
 
 

@@ -34,7 +34,9 @@ def test_words_split_names_as_people_read_them() -> None:
         ("auto", "codex-mcp-client", 3, 10**6, True),  # few tools, huge definitions
         ("auto", "claude-code", 300, 10**6, False),  # it has its own search
         ("auto", "qwen-code-mcp-client", 300, 10**6, False),
-        ("auto", None, 300, 10, True),  # an unknown client gets it
+        ("auto", None, 300, 10, False),  # an unknown client keeps its list
+        ("auto", "vscode", 300, 10**6, False),
+        ("auto", "opencode", 300, 10, True),
         ("on", "claude-code", 1, 1, True),
         ("off", "codex-mcp-client", 5000, 10**7, False),
     ],
@@ -115,4 +117,5 @@ def test_auto_decides_by_client_count_and_size() -> None:
     assert not search.on("claude-code", tuple(TOOLS), size)  # it has its own search
     assert not search.on("codex-mcp-client", few, lambda tools: 10)
     assert SessionSearch(ToolSearchSettings("auto", 40, 5)).on("codex", few, lambda t: 10)
+    assert not search.on("bench", tuple(TOOLS), size)  # unknown: the whole list
     assert not SessionSearch(ToolSearchSettings("off")).on("codex", tuple(TOOLS), size)
