@@ -94,12 +94,15 @@ class Recorded:
 class Script:
     """First turn: call the tool whose name ends with `suffix`; then quote its result.
 
-    The tool may reach the model three ways, and the script follows each as a model would:
+    The tool may reach the model four ways, and the script follows each as a model would:
     listed among the request's tools (called directly); deferred, named only in the prompt
     behind a search tool (Claude Code's ToolSearch, Qwen Code's `tool_search`: search for it
-    first, then call it once the search put it in the tool list); or deferred behind a meta-tool
-    that calls it by name (Qwen Code's `tool_call`, after the search showed its schema).
-    `deferred` and `meta` record which.
+    first, then call it once the search put it in the tool list); deferred behind a meta-tool
+    that calls it by name (Qwen Code's `tool_call`, after the search showed its schema); or not
+    named at all, behind mcpool's own search (issue 31, for a client without one: a request
+    offering `mcpool_search_tools`): ask it in words (`search_words`, by default the suffix's
+    words, "__tool_17" -> "tool 17"), then call the tool the result names through
+    `mcpool_call_tool`. `deferred`, `search` and `meta` record which.
 
     `on_first_result` runs once, before the model answers the request that carries the first
     result (the client is then mid-run, its session attached). With `changed_suffix`, the script
@@ -124,8 +127,10 @@ class Script:
     deferred: bool = False  # the tool was offered only by name, behind a search tool
     search: str | None = None  # the search tool the model used to find it
     meta: str | None = None  # the meta-tool the model called it through
+    search_words: str | None = None  # the query for mcpool's search (None: the suffix's words)
     tool_lists: list[list[str]] = field(default_factory=list)
     _hook_done: bool = False
+    _asked_in_words: bool = False  # the search was mcpool's: its call tool is the meta-tool
     _calls: list[str] = field(default_factory=list)  # "search" or "call", in call order
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -175,7 +180,7 @@ class Script:
         listed = _ending_with(turn.tools, self.suffix)
         name = listed or _mentioned(turn, self.suffix)
         if name is None:
-            return Text("ok")  # a side request (a title, a summary) or a client without the tool
+            return self._ask_in_words(turn, answered, searched=searched)
         self.tool_lists.append(list(turn.tools))
         if listed is None:
             self.deferred = True
@@ -193,10 +198,27 @@ class Script:
         self._note(answered, "call")
         return call
 
+    def _ask_in_words(self, turn: Turn, answered: int, *, searched: bool) -> Reply:
+        """The request names no such tool: ask mcpool's search for it, once, if it is offered."""
+        search = _words_search_tool(turn)
+        if searched or search is None:
+            # A side request (a title, a summary), a client without the tool, or a search that
+            # did not find it.
+            return Text("ok")
+        self.tool_lists.append(list(turn.tools))
+        self.deferred = True
+        self.search = search
+        self._asked_in_words = True
+        self._note(answered, "search")
+        query = self.search_words or " ".join(re.findall(r"[A-Za-z]+|[0-9]+", self.suffix))
+        return ToolCall(search, {_search_argument(turn, search): query})
+
     def _call(self, turn: Turn, name: str) -> ToolCall | None:
         """A call of `name` with the script's arguments: directly when the request lists it,
         else through the request's meta-tool; None when the request offers neither."""
         meta = self.meta or _meta_tool(turn)
+        if meta is None and self._asked_in_words:
+            meta = _words_meta_tool(turn)
         if name in turn.tools or meta is None:
             # Listed, or deferred where the client takes a direct call once it was searched.
             return ToolCall(name, self.arguments)
@@ -243,6 +265,21 @@ def _search_tool(turn: Turn) -> str | None:
 
 def _meta_tool(turn: Turn) -> str | None:
     return next((n for n in turn.tools if _folded(n) in META_TOOLS), None)
+
+
+# mcpool's own search and call tools (`mcpool_search_tools`, `mcpool_call_tool`), folded, as
+# the ends of names: a client shows them under its own prefix or namespace
+# (`mcp__mcpool/mcpool_search_tools` in Codex's Turn).
+WORDS_SEARCH_END = "searchtools"
+WORDS_META_END = "calltool"
+
+
+def _words_search_tool(turn: Turn) -> str | None:
+    return next((n for n in turn.tools if _folded(n).endswith(WORDS_SEARCH_END)), None)
+
+
+def _words_meta_tool(turn: Turn) -> str | None:
+    return next((n for n in turn.tools if _folded(n).endswith(WORDS_META_END)), None)
 
 
 def _properties(turn: Turn, tool: str) -> tuple[dict[str, Json], list[str]]:

@@ -21,8 +21,10 @@ daemon, with a fast and a slow upstream) after which the client's exit leaves th
 (Copilot CLI and opencode SIGTERM their MCP server's whole process tree); a 52-character server
 name whose names, the client's own prefix included, fit the client's limit and reach the model
 whole; two clients sharing one upstream process; and an OAuth server logged in to once with
-`daemonctl login`, whose tool the client then calls. The matrix (version, exposed names, tool
-search or meta-tool, re-listed or not, seconds) is printed at the end of the module's run.
+`daemonctl login`, whose tool the client then calls. Codex, which has no tool search of its
+own, also finds one of 300 tools through mcpool's (issue 31) and calls it. The matrix (version,
+exposed names, tool search or meta-tool, re-listed or not, mcpool's search, seconds) is printed
+at the end of the module's run.
 
 Peers come from $MCPOOL_PEERS_DIR (default: the repo's .peers); a client missing there skips
 with the reason.
@@ -49,7 +51,7 @@ import trio
 
 from mcpool.daemon._setup import entry_for
 
-from .fake_model import FakeModel, Script
+from .fake_model import NAMESPACE_SEP, FakeModel, Script, ToolCall
 from .harness import (
     PEERS_DIR,
     DaemonFactory,
@@ -393,12 +395,21 @@ def _reached(row: dict[str, Any]) -> str:
     return f"{how}, {row['meta']}" if row.get("meta") else how
 
 
+def _mcpool_search(row: dict[str, Any]) -> str:
+    """Whether the client found and called a tool through mcpool's own search, and how many of
+    mcpool's tools it offered the model then."""
+    offered = row.get("mcpool_search")
+    if offered is None:
+        return "-"
+    return f"yes, {offered} tools" if offered else "no"
+
+
 def matrix_lines() -> list[str]:
     columns = (
         "client", "tool as the model saw it", "how", "re-listed", "alwaysLoad",
-        "cold/slow/up", "long", "login", "s",
+        "cold/slow/up", "long", "login", "mcpool search", "s",
     )  # fmt: skip
-    widths = (20, 34, 28, 9, 16, 12, 4, 5, 5)
+    widths = (20, 34, 28, 9, 16, 12, 4, 5, 13, 5)
     lines = ["real-client matrix (issues 13, 28):"]
     lines.append(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths, strict=True)).rstrip())
     for key, client in CLIENTS.items():
@@ -416,6 +427,7 @@ def matrix_lines() -> list[str]:
             cold,
             str(row.get("long_name") or "-"),
             _yes_no(row.get("login")),
+            _mcpool_search(row),
             seconds,
         )
         lines.append(" ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip())
@@ -712,6 +724,66 @@ async def test_always_load_tools_under_tool_search(
         assert script.deferred is not always_load, run.explain()
     else:
         assert script.deferred, run.explain()
+
+
+# mcpool's own tool search (issue 31): a session of a client without a search of its own (Codex)
+# whose view holds more than toolSearchTools tools lists only the alwaysLoad ones and mcpool's
+# two (mcpool_search_tools, mcpool_call_tool), so the model finds the tool in words and calls it
+# through mcpool. The most of mcpool's tools the model may be offered then, whatever the
+# upstream's count: the two, and a few alwaysLoad ones (none here).
+SEARCH_UPSTREAM_TOOLS = 300
+MAX_OFFERED_UNDER_SEARCH = 12
+
+
+@pytest.mark.parametrize("key", ["codex"])
+async def test_codex_finds_and_calls_a_tool_through_mcpool_search(
+    key: str,
+    exe: str,
+    client_peers: dict[str, str],
+    daemon_factory: DaemonFactory,
+    tmp_path: Path,
+) -> None:
+    client = CLIENTS[key]
+    daemon = await daemon_factory(daemon={"toolSearch": "auto"})
+    settings = daemon.settings_file(
+        "settings.json", {"up": fake_server(FAKE_TOOL_COUNT=SEARCH_UPSTREAM_TOOLS)}
+    )
+    script = Script(suffix="__tool_217", arguments={})
+    run = await run_client(client, exe, client_peers, daemon, settings, tmp_path, script)
+    explained = f"{run.explain()}\n--- daemon\n{daemon.output()[-6000:]}"
+    # The tools the model was offered that came from mcpool: those in the namespace (Codex's
+    # one per MCP server) that holds mcpool's search tool.
+    namespace = (script.search or "").rpartition(NAMESPACE_SEP)[0]
+    offered = [
+        [n for n in tools if n.rpartition(NAMESPACE_SEP)[0] == namespace]
+        for tools in script.tool_lists
+    ]
+    MATRIX.setdefault(key, {})["mcpool_search"] = (
+        len(offered[0]) if offered and script.meta and "tool_217" in run.stdout else False
+    )
+
+    assert run.returncode == 0, explained
+    assert script.search is not None, explained
+    assert script.search.endswith("mcpool_search_tools"), explained
+    assert namespace, explained
+    assert offered, explained
+    assert all(0 < len(names) <= MAX_OFFERED_UNDER_SEARCH for names in offered), offered
+    assert not any(n.endswith("__tool_217") for names in offered for n in names), offered
+    # The model searched, then called what the search found through mcpool's call tool.
+    calls = [r.reply for r in run.model.requests if isinstance(r.reply, ToolCall)]
+    assert [c.name for c in calls] == [script.search, script.meta], explained
+    assert script.meta is not None, explained
+    assert script.meta.endswith("mcpool_call_tool"), explained
+    assert calls[1].arguments.get("name") == script.exposed, explained
+    assert script.exposed is not None, explained
+    assert script.exposed.endswith("__tool_217"), explained
+    # The search's result named the tool, and the call's result is the tool's own answer.
+    results = run.model.turns()[-1].results
+    assert len(results) == 2, explained
+    assert script.exposed in results[0], explained
+    assert "tool_217" in results[1], explained
+    assert script.exposed not in results[1], explained
+    assert "tool_217" in run.stdout, explained
 
 
 def _trust_mcpool_entry(folder: str) -> Callable[[Path], None]:
