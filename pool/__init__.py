@@ -13,7 +13,15 @@ from ._entry import (
     next_idle_since,
     transition,
 )
-from ._eras import Discovered, discovered, listen_filter, wrap_output_schemas, wrap_structured
+from ._eras import BOTH as BOTH_ERAS
+from ._eras import (
+    MODERN_ONLY,
+    Discovered,
+    discovered,
+    listen_filter,
+    wrap_output_schemas,
+    wrap_structured,
+)
 from ._fdio import READ_CHUNK, READ_GONE, FdWriter, WriterClosed, read_some
 from ._guardian import Guardian
 from ._pool import (
@@ -48,8 +56,10 @@ from ._spec import (
 from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
+    "BOTH_ERAS",
     "CRASH_LOOP_COOLDOWN",
     "LOGIN_NEEDED",
+    "MODERN_ONLY",
     "READ_CHUNK",
     "READ_GONE",
     "SNAPSHOT_FORMAT",

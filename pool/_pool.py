@@ -46,6 +46,7 @@ from ._entry import (
     next_idle_since,
     no_retry,
 )
+from ._eras import BOTH, MODERN, MODERN_ONLY
 from ._guardian import Guardian
 from ._items import json_type, malformed_item, malformed_note
 from ._oauth import needs_login, oauth_failure
@@ -58,7 +59,13 @@ from ._snapshots import (
     invalidation,
     to_record,
 )
-from ._spec import PoolTables, ServerSettings, TransportIdentity, capture_settings
+from ._spec import (
+    PoolTables,
+    ServerSettings,
+    TransportIdentity,
+    capture_settings,
+    intern_identity,
+)
 from ._turns import MAX_UNROUTED, Verdict, attribute
 from ._upstream import DEFAULT_REQUEST_TIMEOUT, StdioUpstream, Upstream
 
@@ -219,6 +226,9 @@ class Pool:
         self._connections: dict[PoolEntry, Upstream] = {}
         # Each identity's last discovery, surviving its entry (insertion order: oldest first).
         self._known: dict[EntryKey, Snapshot] = {}
+        # The era each transport fingerprint was last found to speak (live or stored), the
+        # newest KNOWN_SNAPSHOTS: what `known_era` answers without reading the store again.
+        self._eras: dict[str, str] = {}
 
     @property
     def options(self) -> PoolOptions:
@@ -264,6 +274,42 @@ class Pool:
             del self._known[next(iter(self._known))]
 
     # -- leases --------------------------------------------------------------------------------
+
+    def known_era(self, identity: TransportIdentity) -> str | None:
+        """The era `identity`'s server was last found to speak (issue 29 item 1): its live
+        entry's, or what its stored discovery says; None when it was never seen."""
+        fingerprint = identity.unpinned.fingerprint
+        found = self._eras.get(fingerprint)
+        if found is not None:
+            return found
+        if self._snapshots is None:
+            return None
+        try:
+            record = self._snapshots.load(fingerprint)
+        except Exception:  # a store must not raise; one that does knows nothing
+            return None
+        if record is not None and record.era is not None:
+            return self._note_era(fingerprint, record.era, both=record.both_eras)
+        return None
+
+    def _note_era(self, fingerprint: str, era: str | None, *, both: bool) -> str | None:
+        """Remember `era` (BOTH for a modern server that speaks both eras); what is known."""
+        if era is None:
+            return None
+        if both and era == MODERN:
+            era = BOTH
+        elif era == MODERN and self._eras.get(fingerprint) in (BOTH, MODERN_ONLY):
+            era = self._eras[fingerprint]  # (what a handshake connection showed stays known)
+        self._eras.pop(fingerprint, None)
+        self._eras[fingerprint] = era
+        while len(self._eras) > KNOWN_SNAPSHOTS:
+            del self._eras[next(iter(self._eras))]
+        return era
+
+    def in_era(self, identity: TransportIdentity, version: str) -> TransportIdentity:
+        """`identity` pinned to the handshake revision `version`: the connection a dual-era
+        server's sessions of that revision share (another entry than the unpinned one)."""
+        return intern_identity(msgspec.structs.replace(identity, era_pin=version), self.tables)
 
     def lease(
         self,
@@ -382,6 +428,7 @@ class Pool:
             return
         entry.stored = record
         entry.snapshot = snapshot
+        self._note_era(entry.identity.fingerprint, record.era, both=record.both_eras)
         entry.ready.set()
 
     def _store_snapshot(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
@@ -394,6 +441,7 @@ class Pool:
             fingerprint=entry.identity.fingerprint,
             server_info=upstream.server_info,
             era=upstream.era,
+            both_eras=bool(upstream.handshake_versions),
             protocol_version=upstream.protocol_version,
             saved_at=time.time(),
         )
@@ -466,6 +514,11 @@ class Pool:
             level = entry.effective_log_level()
             if level is not None and level != level_before:
                 upstream.send_request("logging/setLevel", _json({"level": level}), _ignore)
+        if entry.leases == 0 and entry.state in TERMINAL_STATES and entry.identity.era_pin:
+            # A dual-era server's handshake connection that failed is no server of the user's
+            # to show as failed: its sessions went back to the modern one (issue 29 item 1).
+            self._close_entry(entry, "its era was refused")
+            return
         if entry.leases == 0 and entry.state not in TERMINAL_STATES:
             now = trio.current_time()
             entry.idle_since = next_idle_since(
@@ -707,6 +760,15 @@ class Pool:
                     if self._snapshots is not None:
                         self._snapshots.mark_slow(entry.identity.fingerprint, False)
                 entry.era = upstream.era
+                if entry.identity.era_pin is not None:
+                    # A handshake-era connection of a modern server came up: it speaks both.
+                    self._note_era(entry.identity.unpinned.fingerprint, MODERN, both=True)
+                else:
+                    self._note_era(
+                        entry.identity.fingerprint,
+                        upstream.era,
+                        both=bool(upstream.handshake_versions),
+                    )
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
@@ -721,6 +783,11 @@ class Pool:
         except Exception as exc:
             entry.needs_login = needs_login(upstream, exc)
             entry.cannot_start = _contains(exc, CannotStart)
+            if entry.identity.era_pin is not None and upstream.protocol_version is None:
+                # Refused in the handshake era (or gone before it): the server speaks only
+                # the modern one, and its sessions go back to that connection.
+                self._eras[entry.identity.unpinned.fingerprint] = MODERN_ONLY
+                entry.cannot_start = True
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"
             else:

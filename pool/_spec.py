@@ -164,6 +164,17 @@ class TransportIdentity(msgspec.Struct, frozen=True, order=True, weakref=True):
     oauth: str | None = None
     # The revision pinned by the `protocolVersion` setting: another connection than the unpinned.
     protocol_version: str | None = None
+    # The handshake revision of the sessions a server that speaks both eras serves this
+    # connection to (issue 29 item 1; `Pool.in_era`): unlike the setting, one the server refuses
+    # is no failure of the server's, its sessions go back to the unpinned connection.
+    era_pin: str | None = None
+
+    @property
+    def unpinned(self) -> TransportIdentity:
+        """The identity without its era pin (itself when it has none)."""
+        if self.era_pin is None:
+            return self
+        return msgspec.structs.replace(self, era_pin=None)
 
     @property
     def fingerprint(self) -> str:

@@ -239,6 +239,8 @@ class Upstream:
         # Set by the pool from this entry's last connection: a server known to be handshake-era
         # is not probed again on every restart (a silent probe costs PROBE_TIMEOUT each time).
         self.known_era: str | None = None
+        # A modern server's discover: the handshake revisions it also lists (it speaks both).
+        self.handshake_versions: tuple[str, ...] = ()
         # Modern era only: the level sessions asked for (sent in every request's envelope), the
         # tools whose non-object output is wrapped, and the listen stream's resource set.
         self.log_level: str | None = None
@@ -611,7 +613,8 @@ class Upstream:
 
     async def _handshake(self) -> None:
         """P1: probe `server/discover`, bounded; any error or no answer means `initialize`."""
-        pinned = self.identity.protocol_version  # the `protocolVersion` setting, if any
+        # The `protocolVersion` setting, or the era pin of a dual-era server's sessions.
+        pinned = self.identity.protocol_version or self.identity.era_pin
         if pinned == MODERN_VERSION:
             if await self._probe():
                 return
@@ -678,6 +681,7 @@ class Upstream:
             return False
         self.era = _eras.MODERN
         self.protocol_version = found.version
+        self.handshake_versions = found.handshake_versions
         self.server_capabilities = found.capabilities
         self.server_info = found.server_info
         self.instructions = found.instructions

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mcpool.pool import Handle, Pool
+from mcpool.pool import BOTH_ERAS, MODERN_ONLY, Handle, Pool, PoolEntry, Upstream
 from mcpool.protocol import (
     INVALID_PARAMS,
     META_SUBSCRIPTION_ID,
@@ -75,22 +75,51 @@ class CatalogOwner(ViewOwner, Protocol):
         """The first generation is published: what waited for it is served."""
 
 
+# How long a session's first lease waits for its client's first message when one of its servers
+# speaks both eras (a client sends it at once; one that does not gets the unpinned connection).
+OPENER_WAIT = 1.0
+# What a modern server is known as when its sessions of the handshake era get a connection of
+# their own: found modern (tried), or both eras (seen).
+_PINNABLE = frozenset({MODERN, BOTH_ERAS})
+
+
+class _Warming:
+    """The listener of the lease that starts a connection before a session's views move to it:
+    nothing reaches a session through it."""
+
+    def snapshot_changed(self, entry: PoolEntry) -> None:
+        pass
+
+    def upstream_notification(self, entry: PoolEntry, method: str, params: Any) -> None:
+        pass
+
+    def server_request(self, entry: PoolEntry, upstream: Upstream, msg: Any) -> str | None:
+        return "the session is still moving to this connection"
+
+
+_WARMING = _Warming()
+
+
 class Catalog:
     """One session's views and the registry generation it serves."""
 
     __slots__ = (
         "_budget_settings",
+        "_desired",
         "_dirty",
         "_flights",
         "_log",
         "_log_enabled",
         "_notify_wake",
         "_notifying",
+        "_opener",
         "_owner",
         "_reconciling",
         "_sid",
         "_signature",
+        "_switching",
         "fault",
+        "handshake_version",
         "interner",
         "last_error",
         "link",
@@ -161,6 +190,13 @@ class Catalog:
         self.spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None
         self._notifying = False
         self.notifications_sent = 0
+        # Each session meets the era it speaks (issue 29 item 1): the revision a handshake-era
+        # client negotiated (None: a modern one, or not known yet), set once its opener came;
+        # the settings last applied, as given (`_in_era` pins them for this session).
+        self.handshake_version: str | None = None
+        self._opener = trio.Event()
+        self._desired: dict[str, Desired] = {}
+        self._switching = False
 
     def close(self) -> None:
         """The session closed: its leases go, and a notifier waiting wakes to end."""
@@ -239,6 +275,14 @@ class Catalog:
                 f"generation {self.settings_generation} is already installed"
             )
             return []
+        self._desired = desired
+        if not self._opener.is_set() and self._any_dual_era(desired):
+            # A server known to speak both eras: its connection depends on the client's, which
+            # its first message (initialize, or a 2026-07-28 request) tells, moments after the
+            # attach; bounded, as a client that says nothing is served the unpinned one.
+            with trio.move_on_after(OPENER_WAIT):
+                await self._opener.wait()
+        desired = self._in_era(desired)
         self._reconciling = True
         report: list[tuple[str, str]] = []
         new_views: dict[str, SessionView] = {}
@@ -348,10 +392,108 @@ class Catalog:
                 )
             return report
         self.settings_generation = settings_generation
+        if not self.ready and not self._switching and self._era_due():
+            # Found modern during the first wait: the session's first lists and calls are on
+            # the connection of its era, so they move there before anything is served.
+            self._switching = True
+            await self._switch_era()
+            return report
         if replay or self._dirty or not self.ready:
             self._dirty = False
             self.rebuild("settings")
+        self._switch_era_if_due()
         return report
+
+    # -- eras (issue 29 item 1) ----------------------------------------------------------------
+
+    def opener_arrived(self, handshake_version: str | None) -> None:
+        """The client's first message came: `handshake_version`, the revision an initialize
+        negotiated, or None for a 2026-07-28 client (which the unpinned connection serves)."""
+        if self._opener.is_set():
+            return
+        self.handshake_version = handshake_version
+        self._opener.set()
+        if self.views_known:  # (it came after the servers were leased)
+            self._switch_era_if_due()
+
+    def _any_dual_era(self, desired: dict[str, Desired]) -> bool:
+        known = self.pool.known_era
+        return any(
+            d.identity.protocol_version is None and known(d.identity) in _PINNABLE
+            for d in desired.values()
+        )
+
+    def _in_era(self, desired: dict[str, Desired]) -> dict[str, Desired]:
+        """`desired` as this session connects: a modern server with no `protocolVersion` of
+        its own is pinned to a handshake-era client's revision (a connection shared by that
+        revision's sessions), so the session is served what the server serves such a client
+        directly; unless that connection was refused (the server speaks only the modern era,
+        and the modern connection serves the session, translated)."""
+        version = self.handshake_version
+        if version is None:
+            return desired
+        pool = self.pool
+        out = {}
+        for name, d in desired.items():
+            identity = d.identity
+            if identity.protocol_version is None and pool.known_era(identity) in _PINNABLE:
+                d = d._replace(identity=pool.in_era(identity, version))
+            out[name] = d
+        return out
+
+    def _era_due(self) -> bool:
+        """A view of this handshake-era session is not on the connection `_in_era` gives it
+        (its server was found modern, or its handshake connection refused, after it leased)."""
+        if self.handshake_version is None:
+            return False
+        known = self.pool.known_era
+        for view in self.views.values():
+            handle = view.handle
+            if handle is None or handle.identity.protocol_version is not None:
+                continue
+            era = known(handle.identity)
+            pinned = handle.identity.era_pin is not None
+            if (not pinned and era in _PINNABLE and handle.entry.era == MODERN) or (
+                pinned and era == MODERN_ONLY
+            ):
+                return True
+        return False
+
+    def _switch_era_if_due(self) -> None:
+        if self._switching or self.spawn is None or self.link.closed or not self._era_due():
+            return
+        self._switching = True
+        self.spawn(self._switch_era)
+
+    async def _switch_era(self) -> None:
+        """Move the views whose server turned out to speak both eras to the connection of this
+        session's revision: that connection is leased and waited for first (bounded by its
+        startup budget), so the views move to one that is up and no call meets a gap."""
+        warm: list[Handle] = []
+        try:
+            for name, d in self._in_era(self._desired).items():
+                view = self.views.get(name)
+                if (
+                    view is not None
+                    and view.handle is not None
+                    and view.handle.identity != d.identity
+                ):
+                    warm.append(self.pool.lease(d.identity, d.settings, self._sid, _WARMING))
+            for handle in warm:
+                with trio.move_on_at(handle.entry.startup_deadline):
+                    await handle.entry.ready.wait()
+            if not self.link.closed:
+                self._log(
+                    f"session {self._sid}: moved {len(warm)} server(s) to the connection of "
+                    f"its era ({self.handshake_version}, or the modern one of a server that "
+                    "speaks only that)"
+                )
+                await self.apply_settings(self._desired, self.settings_generation)
+        finally:
+            for handle in warm:
+                # (Closed at once when the views did not move to it: refused, or not needed.)
+                self.pool.release(handle, replaced=True)
+            self._switching = False
 
     def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
         """`mcpool attach --max-name-length` and the daemon's `maxNameLength`; without either,
@@ -378,6 +520,8 @@ class Catalog:
         elif not self.link.closed:
             try:
                 self.rebuild(reason)
+                # A server first seen now may speak both eras (issue 29 item 1).
+                self._switch_era_if_due()
             except Exception as exc:
                 self.fault("a change of its servers' lists", exc)
 

@@ -61,6 +61,9 @@ class Initialize(Struct, gc=False):
     meta: RequestMeta | None = field(default=None, name="_meta")
 
 
+initialize_decoder = msgspec.json.Decoder(Initialize)
+
+
 class ListPage(Struct, gc=False):
     """tools/list, prompts/list, resources/list, resources/templates/list."""
 

@@ -299,6 +299,10 @@ class Requests:
         if not self.catalog.ready and not (
             msg.method == "ping" or (msg.method in OPENERS and self.catalog.views_known)
         ):
+            if msg.method in OPENERS:
+                # What the client speaks decides which connection of a dual-era server its
+                # session leases (issue 29 item 1): told before the opener is answered.
+                self.catalog.opener_arrived(self._handshake_version_of(msg))
             self.backlog.append((msg, self.link.batch))
             return
         self._handle(msg)
@@ -358,6 +362,7 @@ class Requests:
                 return  # initialize decides on handshake; anything else is served as it is
             env = check_envelope(p)  # a malformed one is refused and decides nothing
             self.link.era = MODERN
+            self.catalog.opener_arrived(None)
             # No handshake to wait for: list_changed may flow as soon as a stream listens.
             self.link.move(PhaseEvent.SPOKE_MODERN)
         elif method == "initialize":
@@ -409,9 +414,21 @@ class Requests:
             token = _params.progress(params).progressToken
             self.flights.progress_from_client(method, params, token)
 
+    def _handshake_version_of(self, msg: Message) -> str | None:
+        """The revision an opener in the backlog negotiates (None: a 2026-07-28 opener, or
+        params that do not say)."""
+        if msg.method != "initialize" or msg.params is UNSET:
+            return None
+        try:
+            t = _params.initialize_decoder.decode(msg.params)
+        except (msgspec.DecodeError, RecursionError):
+            return None  # (answered as malformed when it is handled)
+        return negotiate(t.protocolVersion)
+
     def _initialize(self, msg: Message, p: dict[str, Any], t: _params.Initialize) -> None:
         self.link.era = HANDSHAKE
         version = negotiate(t.protocolVersion)
+        self.catalog.opener_arrived(version)
         self.link.protocol_version = version
         self.link.client_capabilities = t.capabilities or {}
         self.link.client_info = t.clientInfo or {}

@@ -1,8 +1,9 @@
 """A handshake-era session keeps elicitation on an upstream mcpool speaks 2026-07-28 to
-(issue 15, point 4): the tests' own HTTP upstream speaks both eras, so mcpool speaks the modern
-one; it declares what the session can be asked for, and turns the upstream's input_required
-answer into the elicitation/create request the session's client answers, then retries the
-call with the answer (inputResponses, requestState)."""
+(issue 15, point 4): the tests' own HTTP upstream speaks both eras, and its `protocolVersion`
+setting pins the modern one (unpinned, a handshake-era session would get a connection of its own
+era: issue 29 item 1); mcpool declares what the session can be asked for, and turns the
+upstream's input_required answer into the elicitation/create request the session's client
+answers, then retries the call with the answer (inputResponses, requestState)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from wire import WireServer
 from e2e.harness import DaemonFactory, attach_args
 
 CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+# The upstream as these tests configure it: spoken to at 2026-07-28 whatever a session speaks.
+MODERN_PINNED = {"type": "http", "protocolVersion": "2026-07-28"}
 WAIT = 20.0  # a cold daemon, the bridge, the era probe and discovery on a loaded machine
 
 
@@ -28,7 +31,7 @@ async def test_a_handshake_session_answers_a_modern_upstreams_elicitation(
     server = WireServer(modern=True)
     await server.serve(nursery)
     d = await daemon_factory()
-    settings = d.settings_file("s.json", {"both": {"type": "http", "url": server.url}})
+    settings = d.settings_file("s.json", {"both": MODERN_PINNED | {"url": server.url}})
     asked: list[str] = []
 
     async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
@@ -64,7 +67,7 @@ async def test_input_a_handshake_session_cannot_give_is_refused_with_the_reason(
     server = WireServer(modern=True)
     await server.serve(nursery)
     d = await daemon_factory()
-    settings = d.settings_file("s.json", {"both": {"type": "http", "url": server.url}})
+    settings = d.settings_file("s.json", {"both": MODERN_PINNED | {"url": server.url}})
     params = StdioServerParameters(
         command=sys.executable,
         args=attach_args(d.sock, [settings], "plain"),

@@ -22,7 +22,12 @@ WAIT = 30.0
 
 @pytest.mark.parametrize(
     ("pin", "era", "version"),
-    [(None, "modern", "2026-07-28"), ("2025-06-18", "handshake", "2025-06-18")],
+    [
+        # Unpinned, a 2025 session of this dual-era server gets a connection at its revision.
+        (None, "handshake", "2025-11-25"),
+        ("2025-06-18", "handshake", "2025-06-18"),
+        ("2026-07-28", "modern", "2026-07-28"),
+    ],
 )
 async def test_a_pinned_server_is_spoken_to_at_its_revision(
     daemon_factory: DaemonFactory, pin: str | None, era: str, version: str
@@ -30,8 +35,8 @@ async def test_a_pinned_server_is_spoken_to_at_its_revision(
     upstream: dict[str, Any] = {"command": sys.executable, "args": [str(ASKING_UPSTREAM)]}
     if pin is not None:
         upstream["protocolVersion"] = pin
-    # A handshake-era client: asked mid-call by the server itself when pinned, through
-    # mcpool's input rounds when not; the same answer either way.
+    # A handshake-era client: asked mid-call by the server itself on a handshake connection,
+    # through mcpool's input rounds on the modern one; the same answer either way.
     text, kinds, _client_version, found_era = await _call_through_mcpool(
         daemon_factory, client_mode="legacy", upstream_args=[], tool="ask_name", upstream=upstream
     )

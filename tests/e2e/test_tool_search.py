@@ -22,12 +22,16 @@ SEARCH, CALL = "mcpool_search_tools", "mcpool_call_tool"
 
 
 async def open_as(
-    client: RawSocketClient, d: DaemonProcess, name: str, **attach: Any
+    client: RawSocketClient,
+    d: DaemonProcess,
+    name: str,
+    exclude: tuple[str, ...] = ("tool_5",),
+    **attach: Any,
 ) -> tuple[str, dict[str, dict[str, Any]]]:
-    """A session of client `name` on the 300-tool server: its id and its tools/list."""
-    settings = write_settings(
-        d.root / "s.json", {"up": {**fake_server(FAKE_TOOL_COUNT=300), "excludeTools": ["tool_5"]}}
-    )
+    """A session of client `name` on the 300-tool server (`exclude` excluded): its id and its
+    tools/list."""
+    entry = {**fake_server(FAKE_TOOL_COUNT=300), "excludeTools": list(exclude)}
+    settings = write_settings(d.root / f"{name}.json", {"up": entry})
     reply = await client.request(
         "mcpool/attach",
         {"sources": [str(settings)], "cwd": str(d.root), "name": name, **attach},
@@ -90,11 +94,11 @@ async def test_a_client_with_its_own_search_or_told_off_is_served_the_whole_list
     d = await daemon_factory()
     async with d.raw() as claude, d.raw() as codex:
         with trio.fail_after(STEP):
-            _, claude_tools = await open_as(claude, d, "claude-code")
+            _, claude_tools = await open_as(claude, d, "claude-code", exclude=())
             _, codex_tools = await open_as(codex, d, "codex-mcp-client", toolSearch="off")
-    for listed in (claude_tools, codex_tools):
-        assert SEARCH not in listed
-        assert sum(1 for n in listed if n.startswith("up__tool_")) == 299  # tool_5 excluded
+    assert SEARCH not in claude_tools and SEARCH not in codex_tools
+    assert sum(1 for n in claude_tools if n.startswith("up__tool_")) == 300
+    assert sum(1 for n in codex_tools if n.startswith("up__tool_")) == 299  # tool_5 excluded
 
 
 async def test_a_relisting_client_gets_what_it_found_added_to_its_list(
