@@ -299,10 +299,11 @@ class Requests:
         if not self.catalog.ready and not (
             msg.method == "ping" or (msg.method in OPENERS and self.catalog.views_known)
         ):
-            if msg.method in OPENERS:
-                # What the client speaks decides which connection of a dual-era server its
-                # session leases (issue 29 item 1): told before the opener is answered.
-                self.catalog.opener_arrived(self._handshake_version_of(msg))
+            # The client's first message says what it speaks (a handshake-era client's is its
+            # initialize; any other is modern, such as a 2026-07-28 request of an HTTP session
+            # of its own), which decides the connection of a dual-era server its session
+            # leases (issue 29 item 1): told before the servers are leased.
+            self.catalog.opener_arrived(self._handshake_version_of(msg))
             self.backlog.append((msg, self.link.batch))
             return
         self._handle(msg)
