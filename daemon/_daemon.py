@@ -73,7 +73,7 @@ from ._ledger import Ledger
 from ._listener import FdReserve, ListenSocket, take_lock
 from ._log import JsonLinesLog, normalize_level
 from ._login import Logins
-from ._pinkeeper import PinKeeper, pins_path
+from ._pinkeeper import PinKeeper, pins_dir
 from ._sessions import Sessions
 from ._settings import DaemonOptions
 from ._settings_files import SettingsFiles
@@ -275,7 +275,7 @@ class Daemon:
         guardian = Guardian()
         ledger = self.ledger = Ledger.for_daemon(__version__)
         pins = self.pins = PinKeeper(
-            pins_path(), lambda: self.settings.options.pinning, self.process.log
+            pins_dir(), lambda: self.settings.options.pinning, self.process.log
         )
         pins.load()
         async with trio.open_nursery() as ledger_nursery:

@@ -1,13 +1,15 @@
 """The daemon's pin book (issue 30 items 1-2): the `PinDesk` every session's catalog asks, the
-owner of `pins.json`, and `daemonctl changes` and `daemonctl approve`.
+owner of the pin files (daemon/_pinstore.py), and `daemonctl changes` and `daemonctl approve`.
 
 Each settings file's server is judged (session/_pins.py) once per snapshot its entry publishes,
 however many sessions project it: the state is kept beside a weak reference to the snapshot it
 was made from. A definition's digest is kept while its item object lives across relists
 (pool/_reuse.py keeps unchanged items' objects), so a relist of 5,000 tools hashes only what
-changed. The file is written by `run`, in a thread, after each change of the book, and once more
-at the end; a file that cannot be read is named in the log and moved aside (never trusted, never
-silently overwritten), and the daemon starts from an empty book.
+changed. Only the servers judged lately are kept decoded (MAX_DECODED); the others are an entry
+of an index (their count of pending changes) and their file, read when they are served again.
+Files are written by `run`, in a thread, after each change, and once more at the end; a file
+that cannot be read is named in the log and moved aside (never trusted, never silently
+overwritten), and its server is pinned again from its next discovery.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from mcpool.session._pins import (
 )
 
 from . import _paths, _pinstore
-from ._files import write_private
 from ._pinstore import BookKey
 
 if TYPE_CHECKING:
@@ -47,11 +48,18 @@ if TYPE_CHECKING:
 
 # Warnings `daemonctl status` shows (the newest), beside the count of pending changes.
 RECENT_WARNINGS = 20
+# Servers whose pins are kept decoded in memory (the most recently judged); the others are read
+# from their file when judged again: a daemon that has seen a thousand projects keeps a thousand
+# index entries, not a thousand books of definitions.
+MAX_DECODED = 64
+# Servers pinned at most (settings file and name); past it, the least recently judged one is
+# forgotten, its file removed (said in the log): pins grow with the projects seen, bounded too.
+MAX_SERVERS = 4096
 NO_SOURCE = ""  # the book key of a session's servers that come from no file
 
 
-def pins_path() -> Path:
-    return _paths.state_dir() / "pins.json"
+def pins_dir() -> Path:
+    return _paths.state_dir() / "pins"
 
 
 class _Judged:
@@ -82,12 +90,19 @@ class PinKeeper:
         log: Callable[[str, str], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = path  # None: kept in memory only (a daemon made for a test)
+        self.path = path  # the folder; None: kept in memory only (a keeper made for a test)
         self._default_mode = default_mode
         self._log = log
         self._clock = clock
+        # Decoded, least recently judged first; and the others (on disk), each with its count
+        # of pending changes, in the same order.
         self.book: dict[BookKey, ServerPins] = {}
+        self._index: dict[BookKey, int] = {}
         self._judged: dict[BookKey, _Judged] = {}
+        # What the writer owes the disk: files to write (their bytes, taken when the book was
+        # let go of, or None: take them from the book) and files to remove.
+        self._unsaved: dict[BookKey, bytes | None] = {}
+        self._removed: set[BookKey] = set()
         # Bumped by each approval: every cached judgement is made again.
         self._epoch = 0
         # Changes of the book counted, and the count the file holds: unequal, a write is due.
@@ -99,22 +114,24 @@ class PinKeeper:
         )
 
     def load(self) -> None:
+        """The index of what the folder holds; a file that is not valid is moved aside."""
         if self.path is None:
             return
-        try:
-            self.book = _pinstore.load(self.path)
-        except _pinstore.PinFileError as exc:
-            aside = self.path.with_name(f"{self.path.name}.unreadable-{int(self._clock())}")
+        found, bad = _pinstore.index(self.path)
+        self._index = {key: pending for key, pending, _ in found}
+        for path, why in bad:
+            aside = path.with_name(f"{path.name}.unreadable-{int(self._clock())}")
             try:
-                os.replace(self.path, aside)
+                os.replace(path, aside)
                 kept = f"moved to {aside}"
             except OSError as move:
                 kept = f"left as it is ({move.strerror})"
             self._log(
                 "error",
-                f"the pin file cannot be read: {exc}; it is {kept}, and every server is pinned "
+                f"a pin file cannot be read: {why}; it is {kept}, and its server is pinned "
                 "again from its next discovery",
             )
+        self._retire()
 
     # -- PinDesk -------------------------------------------------------------------------------
 
@@ -144,10 +161,10 @@ class PinKeeper:
 
         items = [("tool", t) for t in snapshot.tools]
         items += [("prompt", p) for p in snapshot.prompts]
-        book = self.book.setdefault(key, ServerPins())
+        book = self._open(key)
         judgement = judge(book, server, items, resolved, self._clock(), digest_of=digest_of)
         if judgement.dirty:
-            self._changed()
+            self._changed(key)
         for text in judgement.warnings:
             self._log("warning", text)
             self.warnings.append((self._clock(), text))
@@ -159,7 +176,59 @@ class PinKeeper:
         )
         state = PinState(resolved, frozenset(name for _, name in judgement.held), changes)
         self._judged[key] = _Judged(weakref.ref(snapshot), resolved, self._epoch, state, digests)
+        self._retire()
         return state
+
+    def _open(self, key: BookKey) -> ServerPins:
+        """`key`'s pins, decoded (from what waits to be written, its file, or new), as the most
+        recently judged."""
+        pins = self.book.pop(key, None)
+        if pins is None:
+            pins = self._read(key)
+        self._index.pop(key, None)
+        self.book[key] = pins
+        return pins
+
+    def _read(self, key: BookKey) -> ServerPins:
+        waiting = self._unsaved.get(key)
+        try:
+            if waiting is not None:
+                return _pinstore.decode_server(waiting)
+            if self.path is not None and key in self._index:
+                found = _pinstore.read_server(self.path, key)
+                if found is not None:
+                    return found
+        except (_pinstore.PinFileError, OSError) as exc:
+            self._log(
+                "error",
+                f"the pins of server '{key[1]}' cannot be read: {exc}; it is pinned again from "
+                "this discovery",
+            )
+        return ServerPins()
+
+    def _retire(self) -> None:
+        """Keep MAX_DECODED books decoded and MAX_SERVERS servers in all."""
+        while len(self.book) > MAX_DECODED:
+            key = next(iter(self.book))
+            pins = self.book.pop(key)
+            self._judged.pop(key, None)
+            self._index[key] = len(pins.pending())
+            if key in self._unsaved:  # (its bytes now: the book is let go of)
+                self._unsaved[key] = _pinstore.encode_server(key, pins)
+        while len(self.book) + len(self._index) > MAX_SERVERS and self._index:
+            key = next(iter(self._index))
+            del self._index[key]
+            self._unsaved.pop(key, None)
+            self._removed.add(key)
+            self._due.set()
+            self._log(
+                "warning",
+                f"pins of server '{key[1]}' ({key[0] or 'no settings file'}) forgotten: more "
+                f"than {MAX_SERVERS} servers are pinned; it is pinned again when next served",
+            )
+
+    def _every_key(self) -> list[BookKey]:
+        return sorted({*self.book, *self._index})
 
     # -- daemonctl -----------------------------------------------------------------------------
 
@@ -167,9 +236,11 @@ class PinKeeper:
         """Re-pin `server`'s pending changes (all, or those of `names`) in every settings file
         (or in `source`); McpoolError when none is pending."""
         approved: list[Change] = []
-        for (path, name), pins in self.book.items():
+        for key in self._every_key():
+            path, name = key
             if name == server and (source is None or path == source):
-                approved += approve(pins, names)
+                approved += approve(self._open(key), names)
+        self._retire()
         if not approved:
             which = f" of {', '.join(names)}" if names else ""
             raise InvalidParams(
@@ -181,7 +252,9 @@ class PinKeeper:
         if missing:
             self._log("info", f"approve {server}: nothing pending for {', '.join(missing)}")
         self._epoch += 1
-        self._changed()
+        for key in self.book:
+            if key[1] == server and (source is None or key[0] == source):
+                self._changed(key)
         for change in approved:
             self._log(
                 "info",
@@ -193,9 +266,11 @@ class PinKeeper:
     def changes_json(self, server: str | None = None) -> list[dict[str, Any]]:
         """Pending and recent changes and additions, oldest first."""
         rows: list[dict[str, Any]] = []
-        for (source, name), pins in sorted(self.book.items()):
+        for source, name in self._every_key():
             if server is not None and name != server:
                 continue
+            decoded = self.book.get((source, name))
+            pins = decoded if decoded is not None else self._read((source, name))
             for c in pins.changes:
                 rows.append(
                     {
@@ -228,46 +303,70 @@ class PinKeeper:
     def status_json(self) -> dict[str, Any]:
         return {
             "mode": self._default_mode(),
-            "file": str(self.path) if self.path is not None else None,
-            "servers": len(self.book),
-            "pending": sum(len(p.pending()) for p in self.book.values()),
+            "folder": str(self.path) if self.path is not None else None,
+            "servers": len(self.book) + len(self._index),
+            "pending": sum(len(p.pending()) for p in self.book.values())
+            + sum(self._index.values()),
             "warnings": [{"at": at, "text": text} for at, text in self.warnings],
         }
 
     # -- the file ------------------------------------------------------------------------------
 
-    def _changed(self) -> None:
-        self._changes += 1
+    def _changed(self, key: BookKey) -> None:
+        self._unsaved[key] = None
+        self._removed.discard(key)
         self._due.set()
 
+    def _owed(self) -> tuple[dict[BookKey, bytes], set[BookKey]]:
+        """What is owed to the disk, as bytes taken now; forgotten as owed."""
+        writes = {
+            key: data if data is not None else _pinstore.encode_server(key, self.book[key])
+            for key, data in self._unsaved.items()
+            if data is not None or key in self.book
+        }
+        removes, self._unsaved, self._removed = self._removed, {}, set()
+        return writes, removes
+
+    def _owe_again(self, writes: dict[BookKey, bytes], removes: set[BookKey]) -> None:
+        """What a write did not do is owed again, unless something newer is owed already."""
+        for key, data in writes.items():
+            self._unsaved.setdefault(key, data)
+        self._removed |= removes - set(self._unsaved)
+
+    def _write(self, writes: dict[BookKey, bytes], removes: set[BookKey]) -> None:
+        assert self.path is not None
+        for key, data in writes.items():
+            _pinstore.write_server(self.path, key, data)
+        for key in removes:
+            _pinstore.remove_server(self.path, key)
+
     def save_now(self) -> None:
-        if self.path is not None and self._saved != self._changes:
-            changes = self._changes
-            write_private(self.path, _pinstore.encode(self.book))
-            self._saved = changes
+        if self.path is not None and (self._unsaved or self._removed):
+            self._write(*self._owed())
 
     async def run(self) -> None:
-        """The owner task of `pins.json` for the daemon's life: written (in a thread, from
-        bytes taken here) after each change, and at the end."""
+        """The owner task of the pin files for the daemon's life: what changed is written (in
+        a thread, from bytes taken here) after each change, and at the end."""
         try:
             while True:
                 await self._due.wait()
                 self._due = trio.Event()
-                if self.path is None or self._saved == self._changes:
+                if self.path is None or not (self._unsaved or self._removed):
                     continue
-                changes = self._changes
-                data = _pinstore.encode(self.book)
+                writes, removes = self._owed()
                 try:
-                    await trio.to_thread.run_sync(write_private, self.path, data)
-                except OSError as exc:  # tried again at the next change, and at the end
-                    self._log("error", f"the pin file {self.path} cannot be written: {exc}")
-                else:
-                    self._saved = changes
+                    await trio.to_thread.run_sync(self._write, writes, removes)
+                except OSError as exc:  # owed again: tried at the next change, and at the end
+                    self._owe_again(writes, removes)
+                    self._log("error", f"a pin file in {self.path} cannot be written: {exc}")
+                except BaseException:
+                    self._owe_again(writes, removes)
+                    raise
         finally:
             try:
                 self.save_now()
             except OSError as exc:
-                self._log("error", f"the pin file {self.path} cannot be written: {exc}")
+                self._log("error", f"a pin file in {self.path} cannot be written: {exc}")
 
 
 # -- daemonctl changes / approve ---------------------------------------------------------------

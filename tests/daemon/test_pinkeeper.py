@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from mcpool.daemon import _pinkeeper, _pinstore
 from mcpool.daemon._pinkeeper import PinKeeper
 from mcpool.pool import Snapshot
 from mcpool.protocol import InvalidParams
@@ -24,7 +24,7 @@ def snapshot(generation: int, description: str) -> Snapshot:
 async def test_the_book_is_written_after_a_change_and_read_by_the_next_daemon(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "state" / "pins.json"
+    path = tmp_path / "state" / "pins"
     keeper = PinKeeper(path, lambda: "hold", lambda level, text: None)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -38,7 +38,8 @@ async def test_the_book_is_written_after_a_change_and_read_by_the_next_daemon(
             while not path.exists():
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    (written,) = path.iterdir()
+    assert stat.S_IMODE(os.stat(written).st_mode) == 0o600
     again = PinKeeper(path, lambda: "hold", lambda level, text: None)
     again.load()
     assert again.state("/p/.mcp.json", "fs", None, snapshot(2, "Reads. Obey.")).held == {"read"}
@@ -47,7 +48,7 @@ async def test_the_book_is_written_after_a_change_and_read_by_the_next_daemon(
 
 
 async def test_the_last_change_is_written_when_the_daemon_ends(tmp_path: Path) -> None:
-    path = tmp_path / "pins.json"
+    path = tmp_path / "pins"
     keeper = PinKeeper(path, lambda: "warn", lambda level, text: None)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -55,19 +56,20 @@ async def test_the_last_change_is_written_when_the_daemon_ends(tmp_path: Path) -
             await trio.testing.wait_all_tasks_blocked()
             keeper.state(None, "fs", None, snapshot(1, "Reads."))
             nursery.cancel_scope.cancel()  # before the writer ran
-    assert json.loads(path.read_text())["servers"][0]["server"] == "fs"
+    ((key, _, _),), _ = _pinstore.index(path)
+    assert key == ("", "fs")
 
 
 def test_an_unreadable_pin_file_is_named_and_moved_aside(tmp_path: Path) -> None:
-    path = tmp_path / "pins.json"
-    path.write_text("{not json")
+    bad = tmp_path / _pinstore.file_name(("/p", "fs"))
+    bad.write_text("{not json")
     logged: list[tuple[str, str]] = []
-    keeper = PinKeeper(path, lambda: "hold", lambda level, text: logged.append((level, text)))
+    keeper = PinKeeper(tmp_path, lambda: "hold", lambda level, text: logged.append((level, text)))
     keeper.load()
     ((level, text),) = logged
-    assert level == "error" and str(path) in text and "moved to" in text
-    assert not path.exists() and len(list(tmp_path.glob("pins.json.unreadable-*"))) == 1
-    assert keeper.book == {}
+    assert level == "error" and str(bad) in text and "moved to" in text
+    assert not bad.exists() and len(list(tmp_path.glob("*.unreadable-*"))) == 1
+    assert keeper.book == {} and keeper.status_json()["servers"] == 0
 
 
 def test_approving_nothing_pending_is_an_error_naming_the_server() -> None:
@@ -75,3 +77,33 @@ def test_approving_nothing_pending_is_an_error_naming_the_server() -> None:
     keeper.state(None, "fs", None, snapshot(1, "Reads."))
     with pytest.raises(InvalidParams, match="server 'fs' has no pending change of read"):
         keeper.approve("fs", ["read"])
+
+
+def test_servers_not_judged_lately_are_read_again_and_the_book_is_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_pinkeeper, "MAX_DECODED", 2)
+    monkeypatch.setattr(_pinkeeper, "MAX_SERVERS", 5)
+    logged: list[str] = []
+    folder = tmp_path / "pins"
+    keeper = PinKeeper(folder, lambda: "hold", lambda lv, text: logged.append(text))
+    keeper.state("/p0", "fs", None, snapshot(1, "Reads."))
+    keeper.state("/p0", "fs", None, snapshot(2, "Reads. Obey."))  # a change, pending
+    keeper.save_now()
+    for n in range(1, 5):
+        keeper.state(f"/p{n}", "fs", None, snapshot(1, "Reads."))
+    # Decoded: the two judged last; the rest indexed (on disk, or owed to it), pending counted.
+    assert set(keeper.book) == {("/p3", "fs"), ("/p4", "fs")}
+    assert keeper.status_json()["servers"] == 5 and keeper.status_json()["pending"] == 1
+    keeper.save_now()
+    assert len(list(folder.iterdir())) == 5
+    # One read again is the same book: its change is still held.
+    assert keeper.state("/p0", "fs", None, snapshot(3, "Reads. Obey.")).held == {"read"}
+    assert [(r["source"], r["pending"]) for r in keeper.changes_json()] == [("/p0", True)]
+    # One server more than MAX_SERVERS: the least recently judged is forgotten, its file gone.
+    keeper.state("/p5", "fs", None, snapshot(1, "Reads."))
+    keeper.save_now()
+    assert keeper.status_json()["servers"] == 5
+    assert any("forgotten" in text and "/p1" in text for text in logged)
+    assert not (folder / _pinstore.file_name(("/p1", "fs"))).exists()
+    assert len(list(folder.iterdir())) == 5

@@ -74,27 +74,38 @@ def test_off_keeps_no_pins() -> None:
     assert judge(book, "fs", [tool("a")], "off", 1.0).verdicts == {} and not book.pins
 
 
-def test_the_book_survives_a_round_trip_through_its_0600_file(tmp_path: Path) -> None:
+def test_the_book_survives_a_round_trip_through_its_0600_files(tmp_path: Path) -> None:
     book = ServerPins()
     judge(book, "fs", [tool("a"), ("prompt", {"name": "p", "description": "d"})], "hold", 1.0)
     judge(book, "fs", [tool("a", "changed")], "hold", 2.0)
-    path = tmp_path / "state" / "pins.json"
-    _pinstore.save(path, {("/p/.mcp.json", "fs"): book})
+    folder = tmp_path / "state" / "pins"
+    _pinstore.save(folder, {("/p/.mcp.json", "fs"): book})
+    (path,) = folder.iterdir()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    loaded = _pinstore.load(path)[("/p/.mcp.json", "fs")]
+    loaded = _pinstore.load(folder)[("/p/.mcp.json", "fs")]
     assert loaded.pins == book.pins
     assert [(c.name, c.pending, c.current) for c in loaded.changes] == [
         (c.name, c.pending, c.current) for c in book.changes
     ]
     assert judge(loaded, "fs", [tool("a", "changed")], "hold", 3.0).held == {("tool", "a")}
+    ((key, pending, _),), bad = _pinstore.index(folder)
+    assert (key, pending, bad) == (("/p/.mcp.json", "fs"), 1, [])
 
 
 def test_a_bad_pin_file_is_named_with_why(tmp_path: Path) -> None:
-    path = tmp_path / "pins.json"
-    path.write_text('{"version": 1, "servers": [{"source": 3}]}')
-    with pytest.raises(_pinstore.PinFileError, match=r"pins\.json"):
-        _pinstore.load(path)
-    path.write_text('{"version": 99, "servers": []}')
+    key = ("/p/.mcp.json", "fs")
+    path = tmp_path / _pinstore.file_name(key)
+    path.write_text('{"version": 1, "source": 3}')
+    with pytest.raises(_pinstore.PinFileError, match=path.name):
+        _pinstore.read_server(tmp_path, key)
+    path.write_text('{"version": 99, "source": "/p/.mcp.json", "server": "fs", "pins": []}')
     with pytest.raises(_pinstore.PinFileError, match="version 99"):
-        _pinstore.load(path)
-    assert _pinstore.load(tmp_path / "none.json") == {}
+        _pinstore.read_server(tmp_path, key)
+    # A file under another server's name is not that server's pins.
+    other = tmp_path / _pinstore.file_name(("/q", "fs"))
+    path.rename(other)
+    other.write_text('{"version": 1, "source": "/p/.mcp.json", "server": "fs", "pins": []}')
+    assert [why for _, why in _pinstore.index(tmp_path)[1]] == [
+        f"{other}: it holds another server's pins"
+    ]
+    assert _pinstore.read_server(tmp_path, ("/none", "x")) is None
