@@ -19,24 +19,16 @@ import os
 import tempfile
 from typing import Any
 
-from _common import Daemon, LineConn, fake, table, write_result
+from _common import INIT, Daemon, LineConn, fake, table, write_result
 
 BYTES_PER_TOKEN = 4  # a rough figure for English prose and JSON with OpenAI-style tokenizers
 
 
 def session(daemon: Daemon, client: str) -> LineConn:
     _, conn = daemon.connect(client)
+    # The bench's initialize, as `client` (which decides whether the search is served).
     conn.send(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": client, "version": "1"},
-            },
-        }
+        {**INIT, "params": {**INIT["params"], "clientInfo": {"name": client, "version": "1"}}}
     )
     conn.recv()
     conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
