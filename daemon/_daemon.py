@@ -277,7 +277,6 @@ class Daemon:
         pins = self.pins = PinKeeper(
             pins_dir(), lambda: self.settings.options.pinning, self.process.log
         )
-        pins.load()
         async with trio.open_nursery() as ledger_nursery:
             # Outlive the sessions and the pool: what they told them is written at the end.
             ledger_nursery.start_soon(self._run_fenced, ledger.run, "the audit log")

@@ -114,23 +114,37 @@ class PinKeeper:
         )
 
     def load(self) -> None:
-        """The index of what the folder holds; a file that is not valid is moved aside."""
-        if self.path is None:
-            return
-        found, bad = _pinstore.index(self.path)
-        self._index = {key: pending for key, pending, _ in found}
+        """The index of what the folder holds; a file that is not valid is moved aside. (The
+        daemon's `run` does this in a thread, not on its way to serving: a server judged
+        before is read from its own file, whether it is indexed yet or not.)"""
+        if self.path is not None:
+            self._indexed(*self._scan(self.path))
+
+    def _scan(self, folder: Path) -> tuple[list[tuple[BookKey, int]], list[str]]:
+        """What `folder` holds, oldest first, and what was said of the files set aside."""
+        found, bad = _pinstore.index(folder)
+        said = []
         for path, why in bad:
-            aside = path.with_name(f"{path.name}.unreadable-{int(self._clock())}")
-            try:
-                os.replace(path, aside)
-                kept = f"moved to {aside}"
-            except OSError as move:
-                kept = f"left as it is ({move.strerror})"
-            self._log(
-                "error",
-                f"a pin file cannot be read: {why}; it is {kept}, and its server is pinned "
-                "again from its next discovery",
-            )
+            if _pinstore.still_bad(path):  # (not rewritten since it was read)
+                aside = path.with_name(f"{path.name}.unreadable-{int(self._clock())}")
+                try:
+                    os.replace(path, aside)
+                    kept = f"moved to {aside}"
+                except OSError as move:
+                    kept = f"left as it is ({move.strerror})"
+                said.append(
+                    f"a pin file cannot be read: {why}; it is {kept}, and its server is pinned "
+                    "again from its next discovery"
+                )
+        return [(key, pending) for key, pending, _ in found], said
+
+    def _indexed(self, found: list[tuple[BookKey, int]], said: list[str]) -> None:
+        for text in said:
+            self._log("error", text)
+        # Before what was judged meanwhile (newer), and not over it.
+        index = {key: n for key, n in found if key not in self.book and key not in self._index}
+        index.update(self._index)
+        self._index = index
         self._retire()
 
     # -- PinDesk -------------------------------------------------------------------------------
@@ -194,7 +208,7 @@ class PinKeeper:
         try:
             if waiting is not None:
                 return _pinstore.decode_server(waiting)
-            if self.path is not None and key in self._index:
+            if self.path is not None:
                 found = _pinstore.read_server(self.path, key)
                 if found is not None:
                     return found
@@ -348,6 +362,8 @@ class PinKeeper:
         """The owner task of the pin files for the daemon's life: what changed is written (in
         a thread, from bytes taken here) after each change, and at the end."""
         try:
+            if self.path is not None:
+                self._indexed(*await trio.to_thread.run_sync(self._scan, self.path))
             while True:
                 await self._due.wait()
                 self._due = trio.Event()

@@ -158,6 +158,15 @@ def _read(path: Path) -> _ServerDoc:
     return doc
 
 
+def still_bad(path: Path) -> bool:
+    """Whether `path` is still a file that is not valid pins (it may have been rewritten)."""
+    try:
+        _read(path)
+    except PinFileError:
+        return path.exists()
+    return False
+
+
 def read_server(folder: Path, key: BookKey) -> ServerPins | None:
     """`key`'s pins (None when it has no file); PinFileError names the file and why."""
     path = folder / file_name(key)

@@ -107,3 +107,30 @@ def test_servers_not_judged_lately_are_read_again_and_the_book_is_bounded(
     assert any("forgotten" in text and "/p1" in text for text in logged)
     assert not (folder / _pinstore.file_name(("/p1", "fs"))).exists()
     assert len(list(folder.iterdir())) == 5
+
+
+async def test_the_daemon_indexes_its_pin_files_in_its_writer_task(tmp_path: Path) -> None:
+    """Not on the way to serving: `run` reads the folder in a thread; what was judged before
+    it is done is read from its own file all the same."""
+    folder = tmp_path / "pins"
+    first = PinKeeper(folder, lambda: "hold", lambda level, text: None)
+    first.state("/p", "fs", None, snapshot(1, "Reads."))
+    first.state("/p", "fs", None, snapshot(2, "Reads. Obey."))
+    first.state("/r", "fs", None, snapshot(1, "Reads."))
+    first.save_now()
+    keeper = PinKeeper(folder, lambda: "hold", lambda level, text: None)
+    assert keeper.status_json()["servers"] == 0  # nothing read yet
+    assert keeper.state("/p", "fs", None, snapshot(3, "Reads. Obey.")).held == {"read"}
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.run)
+            while keeper.status_json()["servers"] < 2:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert keeper.status_json() | {"warnings": []} == {
+        "mode": "hold",
+        "folder": str(folder),
+        "servers": 2,
+        "pending": 1,
+        "warnings": [],
+    }
