@@ -13,7 +13,6 @@ from ._entry import (
     next_idle_since,
     transition,
 )
-from ._eras import BOTH as BOTH_ERAS
 from ._eras import (
     MODERN_ONLY,
     Discovered,
@@ -56,7 +55,6 @@ from ._spec import (
 from ._upstream import StdioUpstream, Upstream, UpstreamEvents
 
 __all__ = [
-    "BOTH_ERAS",
     "CRASH_LOOP_COOLDOWN",
     "LOGIN_NEEDED",
     "MODERN_ONLY",

@@ -30,7 +30,6 @@ from typing import Any
 import msgspec
 
 from mcpool.protocol import (
-    HANDSHAKE_VERSIONS,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
     META_LOG_LEVEL,
@@ -43,9 +42,6 @@ from mcpool.protocol import (
 
 HANDSHAKE = "handshake"
 MODERN = "modern"
-# What the pool remembers of a modern server whose discover also lists handshake revisions: it
-# serves both eras, each its own way (issue 29 item 1).
-BOTH = "both"
 # A modern server whose handshake-era connection was refused: its sessions share the modern one.
 MODERN_ONLY = "modern-only"
 
@@ -69,8 +65,6 @@ class Discovered(msgspec.Struct, frozen=True):
     capabilities: dict[str, Any]
     instructions: str | None
     server_info: dict[str, Any]
-    # The handshake-era revisions it lists beside the modern one: it speaks both eras.
-    handshake_versions: tuple[str, ...] = ()
 
 
 def envelope(
@@ -151,7 +145,6 @@ def discovered(result: Any) -> Discovered | None:
         capabilities=caps if isinstance(caps, dict) else {},
         instructions=instructions if isinstance(instructions, str) else None,
         server_info=info if isinstance(info, dict) else {},
-        handshake_versions=tuple(v for v in HANDSHAKE_VERSIONS if v in versions),
     )
 
 
@@ -208,7 +201,6 @@ def wrap_structured(result: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "BOTH",
     "HANDSHAKE",
     "LOCAL_ON_MODERN",
     "MODERN",

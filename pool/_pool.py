@@ -46,7 +46,7 @@ from ._entry import (
     next_idle_since,
     no_retry,
 )
-from ._eras import BOTH, MODERN, MODERN_ONLY
+from ._eras import MODERN, MODERN_ONLY
 from ._guardian import Guardian
 from ._items import json_type, malformed_item, malformed_note
 from ._oauth import needs_login, oauth_failure
@@ -289,17 +289,15 @@ class Pool:
         except Exception:  # a store must not raise; one that does knows nothing
             return None
         if record is not None and record.era is not None:
-            return self._note_era(fingerprint, record.era, both=record.both_eras)
+            return self._note_era(fingerprint, record.era)
         return None
 
-    def _note_era(self, fingerprint: str, era: str | None, *, both: bool) -> str | None:
-        """Remember `era` (BOTH for a modern server that speaks both eras); what is known."""
+    def _note_era(self, fingerprint: str, era: str | None) -> str | None:
+        """Remember `era` for `fingerprint` (the newest KNOWN_SNAPSHOTS); what is known."""
         if era is None:
             return None
-        if both and era == MODERN:
-            era = BOTH
-        elif era == MODERN and self._eras.get(fingerprint) in (BOTH, MODERN_ONLY):
-            era = self._eras[fingerprint]  # (what a handshake connection showed stays known)
+        if era == MODERN and self._eras.get(fingerprint) == MODERN_ONLY:
+            era = MODERN_ONLY  # (what its refused handshake connection showed stays known)
         self._eras.pop(fingerprint, None)
         self._eras[fingerprint] = era
         while len(self._eras) > KNOWN_SNAPSHOTS:
@@ -428,7 +426,7 @@ class Pool:
             return
         entry.stored = record
         entry.snapshot = snapshot
-        self._note_era(entry.identity.fingerprint, record.era, both=record.both_eras)
+        self._note_era(entry.identity.fingerprint, record.era)
         entry.ready.set()
 
     def _store_snapshot(self, entry: PoolEntry, upstream: Upstream, snapshot: Snapshot) -> None:
@@ -441,7 +439,6 @@ class Pool:
             fingerprint=entry.identity.fingerprint,
             server_info=upstream.server_info,
             era=upstream.era,
-            both_eras=bool(upstream.handshake_versions),
             protocol_version=upstream.protocol_version,
             saved_at=time.time(),
         )
@@ -760,15 +757,7 @@ class Pool:
                     if self._snapshots is not None:
                         self._snapshots.mark_slow(entry.identity.fingerprint, False)
                 entry.era = upstream.era
-                if entry.identity.era_pin is not None:
-                    # A handshake-era connection of a modern server came up: it speaks both.
-                    self._note_era(entry.identity.unpinned.fingerprint, MODERN, both=True)
-                else:
-                    self._note_era(
-                        entry.identity.fingerprint,
-                        upstream.era,
-                        both=bool(upstream.handshake_versions),
-                    )
+                self._note_era(entry.identity.fingerprint, upstream.era)
                 entry.last_error = None
                 _restore_shared_state(entry, upstream)
                 entry.fire(EntryEvent.READY)
@@ -786,7 +775,7 @@ class Pool:
             if entry.identity.era_pin is not None and upstream.protocol_version is None:
                 # Refused in the handshake era (or gone before it): the server speaks only
                 # the modern one, and its sessions go back to that connection.
-                self._eras[entry.identity.unpinned.fingerprint] = MODERN_ONLY
+                self._note_era(entry.identity.unpinned.fingerprint, MODERN_ONLY)
                 entry.cannot_start = True
             if _contains(exc, trio.TooSlowError):
                 failure = f"did not start within {timeout:g} s"

@@ -39,8 +39,6 @@ class StoredSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
     server_name: str = msgspec.field(default="", name="serverName")
     server_version: str = msgspec.field(default="", name="serverVersion")
     era: str | None = None
-    # A modern server that also speaks the handshake era (its discover listed such revisions).
-    both_eras: bool = msgspec.field(default=False, name="bothEras")
     protocol_version: str | None = msgspec.field(default=None, name="protocolVersion")
     saved_at: float = msgspec.field(default=0.0, name="savedAt")  # wall clock
     # Tuples: a record made from a snapshot holds the snapshot's own (a list of 5,000 copied on
@@ -148,7 +146,6 @@ def to_record(
     era: str | None,
     protocol_version: str | None,
     saved_at: float,
-    both_eras: bool = False,
 ) -> StoredSnapshot:
     name, version = server_identity(server_info)
     return StoredSnapshot(
@@ -156,7 +153,6 @@ def to_record(
         server_name=name,
         server_version=version,
         era=era,
-        both_eras=both_eras,
         protocol_version=protocol_version,
         saved_at=saved_at,
         tools=snapshot.tools,

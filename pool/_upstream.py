@@ -239,8 +239,6 @@ class Upstream:
         # Set by the pool from this entry's last connection: a server known to be handshake-era
         # is not probed again on every restart (a silent probe costs PROBE_TIMEOUT each time).
         self.known_era: str | None = None
-        # A modern server's discover: the handshake revisions it also lists (it speaks both).
-        self.handshake_versions: tuple[str, ...] = ()
         # Modern era only: the level sessions asked for (sent in every request's envelope), the
         # tools whose non-object output is wrapped, and the listen stream's resource set.
         self.log_level: str | None = None
@@ -681,7 +679,6 @@ class Upstream:
             return False
         self.era = _eras.MODERN
         self.protocol_version = found.version
-        self.handshake_versions = found.handshake_versions
         self.server_capabilities = found.capabilities
         self.server_info = found.server_info
         self.instructions = found.instructions

@@ -16,7 +16,15 @@ from typing import Any, Protocol
 
 import trio
 
-from mcpool.pool import BOTH_ERAS, MODERN_ONLY, Handle, Pool, PoolEntry, Upstream
+from mcpool.pool import (
+    MODERN_ONLY,
+    Handle,
+    Pool,
+    PoolEntry,
+    Snapshot,
+    TransportIdentity,
+    Upstream,
+)
 from mcpool.protocol import (
     INVALID_PARAMS,
     META_SUBSCRIPTION_ID,
@@ -78,9 +86,6 @@ class CatalogOwner(ViewOwner, Protocol):
 # How long a session's first lease waits for its client's first message when one of its servers
 # speaks both eras (a client sends it at once; one that does not gets the unpinned connection).
 OPENER_WAIT = 1.0
-# What a modern server is known as when its sessions of the handshake era get a connection of
-# their own: found modern (tried), or both eras (seen).
-_PINNABLE = frozenset({MODERN, BOTH_ERAS})
 
 
 class _Warming:
@@ -350,7 +355,7 @@ class Catalog:
             # it slow while we wait (its budget began at the entry's creation, before ours).
             slow_before = [handle.entry.known_slow for handle in waiting]
             for lists_once in (False, True):
-                if lists_once and not _lists_once(self.link.client_info, options.list_once_clients):
+                if lists_once and not self.client_lists_once():
                     break
                 for handle in waiting:
                     entry = handle.entry
@@ -363,7 +368,7 @@ class Catalog:
                     )
                     with trio.move_on_at(deadline):
                         await entry.ready.wait()
-            listed_once = _lists_once(self.link.client_info, options.list_once_clients)
+            listed_once = self.client_lists_once()
             for handle, was_slow in zip(waiting, slow_before, strict=True):
                 if not handle.entry.ready.is_set() and not handle.released:
                     if listed_once:  # waited the whole list-once budget: remembered slow
@@ -417,11 +422,12 @@ class Catalog:
             self._switch_era_if_due()
 
     def _any_dual_era(self, desired: dict[str, Desired]) -> bool:
-        known = self.pool.known_era
-        return any(
-            d.identity.protocol_version is None and known(d.identity) in _PINNABLE
-            for d in desired.values()
-        )
+        return any(self._era_pinnable(d.identity) for d in desired.values())
+
+    def _era_pinnable(self, identity: TransportIdentity) -> bool:
+        """A server its handshake-era sessions get a connection of their own to: found modern
+        (and not refused in the handshake era), with no `protocolVersion` setting."""
+        return identity.protocol_version is None and self.pool.known_era(identity) == MODERN
 
     def _in_era(self, desired: dict[str, Desired]) -> dict[str, Desired]:
         """`desired` as this session connects: a modern server with no `protocolVersion` of
@@ -432,12 +438,10 @@ class Catalog:
         version = self.handshake_version
         if version is None:
             return desired
-        pool = self.pool
         out = {}
         for name, d in desired.items():
-            identity = d.identity
-            if identity.protocol_version is None and pool.known_era(identity) in _PINNABLE:
-                d = d._replace(identity=pool.in_era(identity, version))
+            if self._era_pinnable(d.identity):
+                d = d._replace(identity=self.pool.in_era(d.identity, version))
             out[name] = d
         return out
 
@@ -446,16 +450,14 @@ class Catalog:
         (its server was found modern, or its handshake connection refused, after it leased)."""
         if self.handshake_version is None:
             return False
-        known = self.pool.known_era
         for view in self.views.values():
             handle = view.handle
-            if handle is None or handle.identity.protocol_version is not None:
+            if handle is None:
                 continue
-            era = known(handle.identity)
-            pinned = handle.identity.era_pin is not None
-            if (not pinned and era in _PINNABLE and handle.entry.era == MODERN) or (
-                pinned and era == MODERN_ONLY
-            ):
+            if handle.identity.era_pin is None:
+                if handle.entry.era == MODERN and self._era_pinnable(handle.identity):
+                    return True
+            elif self.pool.known_era(handle.identity) == MODERN_ONLY:
                 return True
         return False
 
@@ -494,6 +496,11 @@ class Catalog:
                 # (Closed at once when the views did not move to it: refused, or not needed.)
                 self.pool.release(handle, replaced=True)
             self._switching = False
+
+    def client_lists_once(self) -> bool:
+        """Does this session's client see only its first list (session/_clients.py, and the
+        daemon's `listOnceClients`)?"""
+        return _lists_once(self.link.client_info, self.pool.options.list_once_clients)
 
     def set_name_budget(self, *, explicit: int | None, configured: int | None) -> None:
         """`mcpool attach --max-name-length` and the daemon's `maxNameLength`; without either,
@@ -537,18 +544,13 @@ class Catalog:
         interner = self.interner
         refs = interner.projections.refs
         projections = []
-        pins = self.pins
         for view in views:
             handle = view.handle
             assert handle is not None
             entry = handle.entry
             snapshot = entry.snapshot
             # Pinning first: a changed definition it holds is never projected, not even once.
-            pinned = pins.state(view.source, view.name, view.policy.pinning, snapshot)
-            if pinned.held != view.key.held:
-                view.key = view.policy.holding(pinned.held, interner)
-            if pinned.changes:
-                self._tell_changes(view, pinned)
+            self._apply_pins(view, snapshot)
             key, name, prefix = view.key, view.name, view.prefix
             ref = refs.get((entry, snapshot.generation, key, name, prefix, budget))
             found = ref() if ref is not None else None
@@ -615,10 +617,16 @@ class Catalog:
         """The handshake is over: what pinning found before it is told now."""
         for view in self.views.values():
             if view.handle is not None:
-                snapshot = view.handle.entry.snapshot
-                pinned = self.pins.state(view.source, view.name, view.policy.pinning, snapshot)
-                if pinned.changes:
-                    self._tell_changes(view, pinned)
+                self._apply_pins(view, view.handle.entry.snapshot)
+
+    def _apply_pins(self, view: SessionView, snapshot: Snapshot) -> None:
+        """What pinning makes of `snapshot` for `view`: the names it holds join the key the
+        view serves through, and the changes it would show are told (`_tell_changes`)."""
+        pinned = self.pins.state(view.source, view.name, view.policy.pinning, snapshot)
+        if pinned.held != view.key.held:
+            view.key = view.policy.holding(pinned.held, self.interner)
+        if pinned.changes:
+            self._tell_changes(view, pinned)
 
     def _tell_changes(self, view: SessionView, pinned: PinState) -> None:
         """Tell the client, once each, of the pending changes of items its view would show

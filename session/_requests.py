@@ -38,7 +38,6 @@ from mcpool.protocol._headers import HEADER_MISMATCH, header_params, param_heade
 
 from . import _params
 from ._catalog import Catalog
-from ._clients import traits_of
 from ._cursors import CursorBook, CursorError
 from ._eras import (
     HANDSHAKE,
@@ -681,11 +680,8 @@ class Requests:
                 "content": [{"type": "text", "text": _encoder.encode({"tools": found}).decode()}],
             },
         )
-        client = self.link.client_info.get("name")
-        traits = traits_of(client if isinstance(client, str) else None)
-        relists = traits is None or traits.relists
         names = [n for t in found if isinstance(n := t.get("name"), str)]
-        if relists and names and self.search.join(names):
+        if names and not self.catalog.client_lists_once() and self.search.join(names):
             self.catalog.tell_changed(("tools",))
 
     def _tools_call_direct(self, msg: Message) -> bool:

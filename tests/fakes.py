@@ -125,7 +125,6 @@ class FakeUpstream:
         self.protocol_version: str | None = None
         self.instructions: str | None = None
         self.era = "handshake"
-        self.handshake_versions: tuple[str, ...] = ()
         self.sent: list[tuple[int, str, Any]] = []
         self.cancelled: list[tuple[int, str]] = []
         self.refused: list[tuple[Any, int, str]] = []  # server requests answered with an error
