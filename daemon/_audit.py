@@ -5,11 +5,12 @@ when, which session (its client's name and version, its folder), which server an
 prompt, how long, the outcome (result, isError, or the error's code) and the bytes each way.
 Never an argument, a result or a secret: the observer is given none (session/_observe.py).
 
-`AuditLog` writes the session's records (`CallDone`, which is the line) as the daemon's ledger
-hands them over in batches (daemon/_ledger.py, which keeps them meanwhile and bounds them): one
-write per batch, encoded in one msgspec call, so a call costs no system call and no encoding of
-its own. The file is 0600 and rotated by size like the daemon's log (daemon/_log.py:
-audit.jsonl.1, .2, ...).
+`AuditLog` writes the sessions' records (`CallRecord`, the line but for its session's
+fields) as the daemon's ledger hands them over in batches (daemon/_ledger.py, which bounds
+them): a session's records encoded in one msgspec call, its fields put in each line by one bytes
+replace, and one write per batch, so a call costs no system call and no encoding of its own.
+The file is 0600 and rotated by size like the daemon's log (daemon/_log.py: audit.jsonl.1, .2,
+...).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from mcpool.session._observe import CallDone
+from mcpool.session._observe import CallRecord
 
 from ._log import JsonLinesLog
 
@@ -30,11 +31,34 @@ BACKUPS = 3
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
-# The line is the record the session made (session/_observe.py): encoded as it is.
-AuditLine = CallDone
+class AuditLine(CallRecord, kw_only=True):
+    """A line as read back: the record and its session's fields."""
+
+    session: str = ""
+    client: str = ""
+    client_version: str = ""
+    folder: str = ""
+
+
+class _SessionFields(msgspec.Struct):
+    session: str
+    client: str
+    client_version: str
+    folder: str
+
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AuditLine)
+# How every encoded record starts (its first field). Inside a JSON string a quote is escaped,
+# so these bytes are found only where a line starts.
+_LINE_START = b'{"ts":'
+
+
+def session_lines(session: str, who: tuple[str, str, str], records: list[CallRecord]) -> bytes:
+    """A session's records as audit lines, each with the session's fields (`who`: its
+    client's name and version, its folder)."""
+    fields = _encoder.encode(_SessionFields(session, *who))
+    return _encoder.encode_lines(records).replace(_LINE_START, fields[:-1] + b"," + _LINE_START[1:])
 
 
 class AuditLog:
@@ -42,15 +66,14 @@ class AuditLog:
         self.path = Path(path) if path is not None else None  # None: nothing is written
         self._file = JsonLinesLog(self.path, max_bytes=max_bytes, backups=BACKUPS)
 
-    def write(self, calls: list[CallDone], dropped: int = 0) -> None:
-        """Append these records, and a line saying how many were dropped before them, in one
-        write, encoded in one call; the file rotates before it when full."""
-        if self.path is None or not (calls or dropped):
+    def write(self, lines: bytes, dropped: int = 0) -> None:
+        """Append these lines (`session_lines`'), and a line saying how many were dropped
+        before them, in one write; the file rotates before it when full."""
+        if self.path is None or not (lines or dropped):
             return
-        data = _encoder.encode_lines(calls)
         if dropped:
-            data += b'{"dropped": %d}\n' % dropped
-        self._file.write_line(data[:-1].decode())
+            lines += b'{"dropped": %d}\n' % dropped
+        self._file.write_bytes(lines)
 
     def close(self) -> None:
         self._file.close()
@@ -101,4 +124,5 @@ def read_audit(
 
 
 def as_json(record: AuditLine) -> dict[str, Any]:
-    return msgspec.to_builtins(record)  # type: ignore[no-any-return]
+    out: dict[str, Any] = msgspec.to_builtins(record)
+    return out

@@ -1,12 +1,13 @@
 """The daemon's ledger of answered requests (issue 30 items 3-5): the one `CallObserver` its
 sessions are given, and the `daemonctl stats` and `daemonctl audit` commands.
 
-`Ledger` hands each `CallDone` to the statistics (daemon/_stats.py), the audit log
-(daemon/_audit.py) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set and the otel extra is
-installed, OpenTelemetry (daemon/_otel.py); its `run` is the audit log's owner task and, at its
-end, flushes and closes what the others keep. `daemonctl stats` asks the daemon (`stats`);
-`daemonctl audit` reads the audit files itself (they are the user's own), so it also works while
-no daemon runs.
+Each session opens a `CallTape` (session/_observe.py) and puts a record on it for each answered
+request. `Ledger` takes what every tape holds, about once a second (`drain`), and hands each
+session's records to the statistics (daemon/_stats.py), the audit log (daemon/_audit.py) and,
+when `OTEL_EXPORTER_OTLP_ENDPOINT` is set and the otel extra is installed, OpenTelemetry
+(daemon/_otel.py); its `run` is the owner task of what they write and, at its end, flushes and
+closes them. `daemonctl stats` asks the daemon (`stats`); `daemonctl audit` reads the audit files
+itself (they are the user's own), so it also works while no daemon runs.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+from msgspec import UnsetType
 
-from mcpool.session._observe import CallDone
+from mcpool.session._observe import CallTape
 
 from . import _audit, _otel, _paths
-from ._audit import AuditLog, read_audit
+from ._audit import AuditLog, read_audit, session_lines
 from ._stats import Stats
 
 if TYPE_CHECKING:
@@ -37,18 +40,22 @@ class AdminCalls(Protocol):
     def call(self, method: str, params: dict[str, Any]) -> Any: ...
 
 
-# Records wait for the next drain: every FLUSH_INTERVAL, or sooner once FLUSH_RECORDS wait
-# (about 64 KB of lines). At most MAX_PENDING wait (about 4 MB): past it, a flood no drain keeps
-# up with, records are dropped and counted, and the next audit write says how many.
+# Records wait for the next drain: every FLUSH_INTERVAL, or sooner once a tape holds
+# FLUSH_RECORDS (session/_observe.py; about 40 KB of lines). A tape holds at most MAX_PENDING
+# (about 1.5 MB): past it, a flood no drain keeps up with, records are dropped and counted, and
+# the next audit write says how many.
 FLUSH_INTERVAL = 1.0
-FLUSH_RECORDS = 256
-MAX_PENDING = 16_384
+MAX_PENDING = 8_192
 # `daemonctl audit` prints at most this many records unless told otherwise (the newest).
 DEFAULT_AUDIT_LINES = 200
 
 
 def audit_path() -> Path:
     return _paths.state_dir() / "audit.jsonl"
+
+
+def _wall_offset() -> float:
+    return time.time() - perf_counter()
 
 
 class Ledger:
@@ -62,7 +69,10 @@ class Ledger:
         self.stats = stats if stats is not None else Stats()
         self.audit = audit
         self.otel = otel
-        self._pending: list[CallDone] = []
+        self._tapes: dict[int, CallTape] = {}  # the open ones, by id()
+        # Closed tapes and what their sessions said of themselves, until the next drain.
+        self._closed: list[tuple[CallTape, tuple[str, str, str]]] = []
+        self._wall_offset = _wall_offset()
         self.dropped = 0  # since the last drain (the audit file is told)
         self.dropped_total = 0  # since the daemon started (`daemonctl stats`)
         self._due = trio.Event()
@@ -73,37 +83,60 @@ class Ledger:
         otel = _otel.start(version) if _otel.wanted() else None
         return cls(AuditLog(audit_path()), otel=otel)
 
-    def call_done(self, call: CallDone) -> None:
-        """On the path of every observed call: the record waits for the next `drain`."""
-        if len(self._pending) >= MAX_PENDING:
+    # -- as sessions meet it (CallObserver) -------------------------------------------------
+
+    def open_tape(self, session: str, who: Callable[[], tuple[str, str, str]]) -> CallTape:
+        tape = CallTape(session, who, self._full, self._wall_offset)
+        self._tapes[id(tape)] = tape
+        return tape
+
+    def close_tape(self, tape: CallTape) -> None:
+        if self._tapes.pop(id(tape), None) is tape:
+            self._closed.append((tape, tape.who()))  # counted at the next drain, then forgotten
+
+    def _full(self, tape: CallTape) -> None:
+        """A tape holds FLUSH_RECORDS or more: a drain is due; past MAX_PENDING the newest
+        record is dropped (and counted)."""
+        self._due.set()
+        records = tape.records
+        if len(records) > MAX_PENDING:
+            del records[MAX_PENDING:]
             self.dropped += 1  # (said in the audit file; not counted in the statistics)
             self.dropped_total += 1
-            return
-        self._pending.append(call)
-        if self.otel is not None:
-            self.otel.call_done(call)
-        if len(self._pending) >= FLUSH_RECORDS:
-            self._due.set()
+
+    # -- the batches ------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """What waits goes to the statistics and the audit file, as one batch each."""
-        calls, self._pending = self._pending, []
+        """What the tapes hold goes to the statistics, the audit file (one write) and
+        OpenTelemetry, a session's records at a time; each tape is told the clock's offset."""
+        self._wall_offset = offset = _wall_offset()
+        closed, self._closed = self._closed, []
+        chunks: list[bytes] = []
+        for tape in self._tapes.values():
+            tape.wall_offset = offset
+            if tape.records:
+                chunks.append(self._take(tape, tape.who()))
+        for tape, who in closed:
+            if tape.records:
+                chunks.append(self._take(tape, who))
+            self.stats.session_closed(tape.session)
         dropped, self.dropped = self.dropped, 0
-        if calls:
-            self.stats.add_batch(calls)
-        self.audit.write(calls, dropped)
+        self.audit.write(b"".join(chunks), dropped)
+
+    def _take(self, tape: CallTape, who: tuple[str, str, str]) -> bytes:
+        records, tape.records = tape.records, []
+        self.stats.add(tape.session, records)
+        if self.otel is not None:
+            self.otel.add(tape.session, records)
+        return session_lines(tape.session, who, records)
 
     def stats_json(self, in_flight: dict[str, int]) -> dict[str, Any]:
         self.drain()
         return self.stats.as_json(in_flight)
 
-    def session_closed(self, session_id: str) -> None:
-        self.drain()  # its last calls counted before it is forgotten
-        self.stats.session_closed(session_id)
-
     async def run(self) -> None:
         """The owner task of what the ledger writes, for the daemon's life: a drain every
-        FLUSH_INTERVAL (or at FLUSH_RECORDS), and at the end."""
+        FLUSH_INTERVAL (or once a tape holds FLUSH_RECORDS), and at the end."""
         try:
             while True:
                 with trio.move_on_after(FLUSH_INTERVAL):
@@ -213,7 +246,7 @@ def cmd_audit(args: argparse.Namespace, as_json: bool, path: Path | None = None)
         return 0
     rows = [["time", "session", "client", "server", "method", "name", "ms", "outcome"]]
     for r in records:
-        outcome = r.outcome.value if r.code is None else f"{r.outcome.value} {r.code}"
+        outcome = r.outcome if isinstance(r.code, UnsetType) else f"{r.outcome} {r.code}"
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ts))
         rows.append(
             [when, r.session, r.client, r.server, r.method, r.name, f"{r.duration_ms:g}", outcome]

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ._files import open_private
 
@@ -69,7 +69,7 @@ class JsonLinesLog:
         self.enabled = self._kept.__getitem__
         self.max_bytes = max_bytes
         self.backups = backups
-        self._file: TextIO | None = None
+        self._fd: int | None = None  # written with os.write: one system call a write
         self._size = 0
 
     def set_level(self, level: str) -> None:
@@ -86,18 +86,22 @@ class JsonLinesLog:
         return line
 
     def write_line(self, line: str) -> None:
+        self.write_bytes(line.encode() + b"\n")
+
+    def write_bytes(self, data: bytes) -> None:
+        """Append `data` (whole lines), rotating first when it would pass max_bytes."""
         if self.path is None:
             return
-        data = line + "\n"
         try:
-            if self._file is None:
+            if self._fd is None:
                 self._open()
-            assert self._file is not None
             if self._size and self._size + len(data) > self.max_bytes:
                 self._rotate()
-            self._file.write(data)
-            self._file.flush()
-            self._size += len(data.encode())
+            assert self._fd is not None
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            self._size += len(data)
         except OSError:
             self.close()
 
@@ -106,9 +110,8 @@ class JsonLinesLog:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # 0600 from the start (records can quote settings values); rotation renames it, so
         # daemon.log.N keep the mode.
-        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
-        self._file = os.fdopen(fd, "a", encoding="utf-8")
-        self._size = os.fstat(self._file.fileno()).st_size
+        self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size
 
     def _rotate(self) -> None:
         assert self.path is not None
@@ -124,8 +127,8 @@ class JsonLinesLog:
         self._open()
 
     def close(self) -> None:
-        if self._file is not None:
+        if self._fd is not None:
             with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
+                os.close(self._fd)
+            self._fd = None
             self._size = 0

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from mcpool.session._observe import CallDone, Outcome
+from mcpool.session._observe import ERROR, RESULT, TOOL_ERROR, CallRecord
 
 ENDPOINT_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -53,10 +53,15 @@ class OtelObserver:
         self._kind = SpanKind.SERVER
         self._error = Status(StatusCode.ERROR)
 
-    def call_done(self, call: CallDone) -> None:
+    def add(self, session: str, records: list[CallRecord]) -> None:
+        """A span and the metrics for each of a session's answered requests."""
+        for record in records:
+            self._one(session, record)
+
+    def _one(self, session: str, call: CallRecord) -> None:
         attributes: dict[str, Any] = {
             "mcp.method.name": call.method,
-            "mcp.session.id": call.session,
+            "mcp.session.id": session,
             "mcpool.server": call.server,
         }
         target = ""
@@ -66,17 +71,17 @@ class OtelObserver:
             attributes["gen_ai.prompt.name"] = target = call.name
         elif call.method.startswith("resources/") and call.name:
             attributes["mcp.resource.uri"] = call.name
-        if call.outcome is Outcome.TOOL_ERROR:
+        if call.outcome == TOOL_ERROR:
             attributes["error.type"] = "tool_error"
-        elif call.outcome is Outcome.ERROR:
-            attributes["error.type"] = str(call.code) if call.code is not None else "error"
+        elif call.outcome == ERROR:
+            attributes["error.type"] = str(call.code) if isinstance(call.code, int) else "error"
         span = self._tracer.start_span(
             f"{call.method} {target}" if target else call.method,
             kind=self._kind,
             start_time=int(call.ts * 1e9),
             attributes=attributes,
         )
-        if call.outcome is not Outcome.RESULT:
+        if call.outcome != RESULT:
             span.set_status(self._error)
         span.end(end_time=int((call.ts + call.duration_ms / 1000.0) * 1e9))
         metric = {k: v for k, v in attributes.items() if k != "mcp.session.id"}

@@ -14,7 +14,6 @@ from mcpool.pool import Pool
 from mcpool.session import Interner, Session, new_session_id
 from mcpool.session._cursors import CursorBook
 from mcpool.session._login_notice import LoginDesk
-from mcpool.session._observe import NO_OBSERVER
 from mcpool.session._pins import NO_PINS, PinDesk
 from mcpool.session._toolsearch import ToolSearchMode, ToolSearchSettings
 
@@ -83,7 +82,7 @@ class Sessions:
             logins=self._logins,
             cursors=self._cursors,
             interner=self._interner,
-            observer=self._ledger if self._ledger is not None else NO_OBSERVER,
+            observer=self._ledger,
             pins=self._pins,
             tool_search=ToolSearchSettings(
                 tool_search or options.tool_search,
@@ -104,8 +103,6 @@ class Sessions:
     def close_session(self, record: SessionRecord, reason: str) -> None:
         session = record.session
         session.close(reason)
-        if self._ledger is not None:
-            self._ledger.session_closed(session.id)
         if self._attached.remove(record):
             self._host.unwatch_sources(record.sources)
         self._process.log(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from time import perf_counter
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -33,7 +34,7 @@ from . import _params
 from ._eras import MODERN, Batch, ResultPlan, translate_error, translate_result
 from ._input import Held, Subject
 from ._link import CLOSED, ClientLink
-from ._observe import Watch
+from ._observe import FLUSH_RECORDS, RESULT, TOOL_ERROR, CallRecord, CallTape, Watch
 
 _encoder = msgspec.json.Encoder()
 _EMPTY = Raw(b"{}")  # the result of an answer that had none
@@ -46,6 +47,7 @@ class FlightHost(Protocol):
     inflight: dict[Any, _InFlight]
     relayed: dict[str, _Relayed]
     relay_ids: itertools.count[int]
+    tape: CallTape | None  # where observed answers are recorded (session/_observe.py)
 
     @property
     def link(self) -> ClientLink: ...
@@ -54,7 +56,9 @@ class FlightHost(Protocol):
 
     def fault(self, where: str, exc: BaseException) -> None: ...
 
-    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None: ...
+    def observe(
+        self, watch: Watch, error: Raw | UnsetType, line: bytes, bytes_in: int = -1
+    ) -> None: ...
 
 
 class _InFlight(msgspec.Struct, eq=False):
@@ -158,8 +162,32 @@ class _InFlight(msgspec.Struct, eq=False):
                     link.out.write(line)
                 except Exception as exc:
                     link.broke(str(exc))
-                if self.watch is not None:
-                    s.observe(self.watch, UNSET, line)
+                watch = self.watch
+                if watch is not None:
+                    # `CallTape.done` with no error, inlined (a property test holds the two
+                    # equal): every observed answer.
+                    tape = s.tape
+                    if tape is not None:
+                        started, server, method, name, sent = watch
+                        records = tape.records
+                        records.append(
+                            CallRecord(
+                                started + tape.wall_offset,
+                                server,
+                                method,
+                                name,
+                                sent,
+                                (perf_counter() - started) * 1000.0,
+                                TOOL_ERROR
+                                if method == "tools/call"
+                                and line.partition(b'"isError"')[1]
+                                and (b'"isError":true' in line or b'"isError": true' in line)
+                                else RESULT,
+                                len(line),
+                            )
+                        )
+                        if len(records) >= FLUSH_RECORDS:
+                            tape.full(tape)
                 return
             if self.held is not None:
                 s.held_answered(self, msg)

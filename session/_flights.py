@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
-from time import perf_counter, time
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -62,7 +62,7 @@ from ._login_notice import (
     login_notice,
     may_log,
 )
-from ._observe import NO_OBSERVER, OBSERVED, CallDone, CallObserver, Outcome, Watch
+from ._observe import OBSERVED, CallTape, Watch
 from ._view import SessionView
 
 
@@ -145,16 +145,15 @@ class Flights:
         "_parked",
         "_sid",
         "fault",
-        "folder",
         "inflight",
         "link",
         "listens",
         "logins",
-        "observer",
         "relay_ids",
         "relayed",
         "spawn",
         "subscriptions",
+        "tape",
     )
 
     def __init__(
@@ -165,15 +164,13 @@ class Flights:
         log: SessionLog,
         fault: Callable[[str, BaseException], None],
         logins: LoginDesk | None,
-        observer: CallObserver = NO_OBSERVER,
-        folder: str | None = None,
+        tape: CallTape | None = None,
     ) -> None:
         self._sid = sid
         self.link = link
-        # Told of every answered call, read and get, and every relayed server request (the
-        # daemon's ledger: audit log, statistics; session/_observe.py), with these facts.
-        self.observer = observer
-        self.folder = folder or ""
+        # Where every answered call, read and get, and every relayed server request, is
+        # recorded for the daemon's ledger (audit log, statistics; session/_observe.py).
+        self.tape = tape
         self._log = log
         # An unexpected exception in code others' tasks run: logged, and this session closes.
         self.fault = fault
@@ -306,11 +303,6 @@ class Flights:
         client_id = msg.id
         flight = _InFlight(self, client_id, handle, entry, upstream, self.link.batch)
         handle.in_flight += 1
-        if self.observer is not NO_OBSERVER and method in OBSERVED:
-            named = params.get("uri" if method == "resources/read" else "name")
-            flight.watch = Watch(
-                method, view.name, named if isinstance(named, str) else "", perf_counter(), 0
-            )
         if meta is not None and meta.progressToken is not UNSET:
             flight.progress = entry.register_progress(handle, meta.progressToken)
             params["_meta"] = {**params["_meta"], "progressToken": flight.progress}
@@ -340,8 +332,15 @@ class Flights:
         self.inflight[client_id] = flight
         try:
             encoded = _encoder.encode(params)
-            if flight.watch is not None:
-                flight.watch.bytes_in = len(encoded)
+            if self.tape is not None and method in OBSERVED:
+                named = params.get("uri" if method == "resources/read" else "name")
+                flight.watch = (
+                    perf_counter(),
+                    view.name,
+                    method,
+                    named if named.__class__ is str else "",
+                    len(encoded),
+                )
             flight.uid = upstream.send_request(method, encoded, flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight
@@ -695,8 +694,8 @@ class Flights:
         token = meta.progressToken if meta is not None and meta.progressToken is not UNSET else None
         downstream_id = f"mcpool-{next(self.relay_ids)}"
         relay = self.relayed[downstream_id] = _Relayed(upstream, msg.id, token)
-        if self.observer is not NO_OBSERVER:
-            relay.watch = Watch(method, upstream.name, "", perf_counter(), 0)
+        if self.tape is not None:
+            relay.watch = (perf_counter(), upstream.name, method, "", 0)
         # Params are relayed byte for byte (omitted when the upstream sent none), but for
         # mcpool's own _meta keys (X9).
         self.link.send(without_own_meta(encode(Request("2.0", downstream_id, method, msg.params))))
@@ -723,48 +722,18 @@ class Flights:
         relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
         if relay.watch is not None:
             answer = msg.error if msg.error is not UNSET else msg.result
-            relay.watch.bytes_in = len(answer) if answer is not UNSET else 0
-            self.observe(relay.watch, msg.error, b"")
+            self.observe(relay.watch, msg.error, b"", len(answer) if answer is not UNSET else 0)
 
-    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None:
+    def observe(
+        self, watch: Watch, error: Raw | UnsetType, line: bytes, bytes_in: int = -1
+    ) -> None:
         """An observed request was answered (`line` went to the client; `error`: the error it
-        carried, if any): the observer is told. Never fails the session: the answer is out."""
+        carried, if any): it goes on the tape. Never fails the session: the answer is out."""
         try:
-            duration = perf_counter() - watch.started
-            code: int | None = None
-            if error is not UNSET:
-                outcome = Outcome.ERROR
-                code = _params.error_code(error)
-            elif (
-                watch.method == "tools/call"
-                and line.partition(b'"isError"')[1]
-                and (b'"isError":true' in line or b'"isError": true' in line)
-            ):
-                outcome = Outcome.TOOL_ERROR
-            else:
-                outcome = Outcome.RESULT
-            info = self.link.client_info
-            client = info.get("name", "")
-            version = info.get("version", "")
-            self.observer.call_done(
-                CallDone(
-                    time() - duration,
-                    self._sid,
-                    client if client.__class__ is str else "",
-                    version if version.__class__ is str else "",
-                    self.folder,
-                    watch.server,
-                    watch.method,
-                    watch.name,
-                    duration * 1000.0,
-                    outcome,
-                    watch.bytes_in,
-                    len(line),
-                    code,
-                )
-            )
+            if self.tape is not None:  # (none once the session closed)
+                self.tape.done(watch, line, error, bytes_in)
         except Exception as exc:
-            self._log(f"the daemon's ledger failed on a {watch.method}: {exc!r}", "error")
+            self._log(f"the daemon's ledger failed on a {watch[2]}: {exc!r}", "error")
 
     # -- calls held for a modern client's retry (session/_input.py) -----------------------------
 

@@ -1,75 +1,142 @@
 """What a session tells the daemon about each request it relayed, once it is over.
 
-The session calls `CallObserver.call_done` for every `tools/call`, `resources/read` and
-`prompts/get` it answered, and for every server-to-client request it relayed, with one small
-record (`CallDone`). The daemon's observer feeds the audit log, the statistics and, when
-configured, OpenTelemetry; a session without one is given `NO_OBSERVER`. Arguments, results and
-secrets never pass here: only names, sizes, times and outcomes.
+A session given an observer opens one `CallTape` with it, and for every `tools/call`,
+`resources/read` and `prompts/get` it answered, and every server-to-client request it relayed,
+puts one small record (`CallRecord`) on it. The daemon's observer (daemon/_ledger.py) takes the
+records off every tape about once a second and feeds the audit log, the statistics and, when
+configured, OpenTelemetry; a session without one has no tape. Arguments, results and secrets
+never pass here: only names, sizes, times and outcomes.
 
-`CallDone` is the audit log's line itself (a msgspec Struct, built in C with its values as they
-are written): made on the path of every observed call, so that path does no more than read two
-clocks, build it and hand it over; what is done with it (the statistics, the line's encoding)
-is done in batches by the daemon's ledger (daemon/_ledger.py).
+The path of every observed call does as little as Python allows (issue 30): as the request is
+sent, a clock reading and a tuple (`Watch`); as it is answered, a second reading, one
+`CallRecord` made in C and an append (`CallTape.done`).
+What the session's records share (its id, its client's name and version, its folder) is said
+once per batch by the ledger, not stored in each record; the grouping, counting and encoding are
+the ledger's, in batches.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Protocol
+from collections.abc import Callable
+from time import perf_counter
+from typing import Final, Literal, Protocol
 
 import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from ._params import error_code
+
+# A record's outcome: a plain string (an Enum costs four times as much to encode, per line).
+OutcomeName = Literal["result", "isError", "error"]
+RESULT: Final = "result"  # answered with a result
+TOOL_ERROR: Final = "isError"  # a tools/call result with isError: true
+ERROR: Final = "error"  # a JSON-RPC error (the code says which)
+
+# A tape this long asks its ledger to drain it now (about 40 KB of audit lines).
+FLUSH_RECORDS: Final = 256
 
 
-class Outcome(enum.Enum):
-    RESULT = "result"  # answered with a result
-    TOOL_ERROR = "isError"  # a tools/call result with isError: true
-    ERROR = "error"  # a JSON-RPC error (the code says which)
+# What an observed request is watched with, made as it is sent: when it started (a
+# `perf_counter()` reading), its server, method and name (the tool, URI or prompt; "" for a
+# server's request), and the bytes that came from the client. A tuple: built without a call.
+Watch = tuple[float, str, str, str, int]
 
 
-class CallDone(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One answered request. `ts`: when it started (Unix time); `name` is the tool, URI or
-    prompt ("" for a server request); `bytes_in` came from the client (the request, or for a
-    server request the client's answer), `bytes_out` went to it. The session's client's name and
-    version as it gave them, its folder ("" when none)."""
+class CallRecord(msgspec.Struct, gc=False):
+    """One answered request: the audit line but for its session's fields. `ts`: when it
+    started (Unix time); `bytes_in` came from the client (the request, or for a server request
+    the client's answer), `bytes_out` went to it. gc=False: strings and numbers only."""
 
     ts: float
-    session: str
-    client: str
-    client_version: str
-    folder: str
     server: str
     method: str
     name: str
-    duration_ms: float
-    outcome: Outcome
     bytes_in: int
+    duration_ms: float
+    outcome: OutcomeName
     bytes_out: int
-    code: int | None = None
+    code: int | UnsetType = UNSET  # an error's code (not written otherwise)
+
+
+def tool_error_in(line: bytes) -> bool:
+    """Whether a tools/call answer line says `isError: true`. `partition` first: one search
+    with no argument tuple to parse, the cheapest test of the bytes (the common answer has no
+    isError at all)."""
+    return bool(line.partition(b'"isError"')[1]) and (
+        b'"isError":true' in line or b'"isError": true' in line
+    )
+
+
+class CallTape:
+    """One session's answered requests, waiting for its ledger's next drain.
+
+    The session appends (`done`, or the one inlined copy of it on the answer's hot path in
+    session/_flight.py, held equal to it by a property test); the ledger takes `records` and
+    sets `wall_offset` at each drain. `who` says, when the ledger asks, the session's client's
+    name and version and its folder. `full` is the ledger's, called once FLUSH_RECORDS wait."""
+
+    __slots__ = ("full", "records", "session", "wall_offset", "who")
+
+    def __init__(
+        self,
+        session: str,
+        who: Callable[[], tuple[str, str, str]],
+        full: Callable[[CallTape], None],
+        wall_offset: float,
+    ) -> None:
+        self.session = session
+        self.who = who
+        self.full = full
+        self.records: list[CallRecord] = []
+        # time.time() - perf_counter() at the ledger's last drain (at most a second or so ago):
+        # a record's start is read on the fast clock and told as the Unix time with it.
+        self.wall_offset = wall_offset
+
+    def done(
+        self, watch: Watch, line: bytes, error: Raw | UnsetType = UNSET, bytes_in: int = -1
+    ) -> None:
+        """`watch`'s request was answered: `line` went to the client (b"" for a server's
+        request, whose answer went to the server), `error` is the error it carried, if any;
+        `bytes_in`, when known only now (a server request's answer), the bytes from the client."""
+        started, server, method, name, sent = watch
+        code: int | UnsetType = UNSET
+        outcome: OutcomeName = RESULT
+        if error is not UNSET:
+            outcome = ERROR
+            found = error_code(error)
+            if found is not None:
+                code = found
+        elif method == "tools/call" and tool_error_in(line):
+            outcome = TOOL_ERROR
+        records = self.records
+        records.append(
+            CallRecord(
+                started + self.wall_offset,
+                server,
+                method,
+                name,
+                sent if bytes_in < 0 else bytes_in,
+                (perf_counter() - started) * 1000.0,
+                outcome,
+                len(line),
+                code,
+            )
+        )
+        if len(records) >= FLUSH_RECORDS:
+            self.full(self)
 
 
 class CallObserver(Protocol):
-    def call_done(self, call: CallDone) -> None: ...
+    """What a session needs of the daemon's ledger."""
 
+    def open_tape(self, session: str, who: Callable[[], tuple[str, str, str]]) -> CallTape:
+        """The session's tape, for its life."""
+        ...
 
-class Watch(msgspec.Struct, gc=False):
-    """What a request's answer is observed with (`Flights.observe`): made as it is sent, for
-    the methods in OBSERVED, when the session has an observer. `started`: a
-    `time.perf_counter()` reading. A Struct: built in C, on the path of every observed call."""
-
-    method: str
-    server: str
-    name: str
-    started: float
-    bytes_in: int
+    def close_tape(self, tape: CallTape) -> None:
+        """The session is over: what its tape holds is taken, and the tape forgotten."""
+        ...
 
 
 # What the audit log and the statistics count (besides server-to-client requests).
 OBSERVED = frozenset({"tools/call", "resources/read", "prompts/get"})
-
-
-class _NoObserver:
-    def call_done(self, call: CallDone) -> None:
-        pass
-
-
-NO_OBSERVER: CallObserver = _NoObserver()

@@ -58,7 +58,6 @@ from ._flights import LOG_LEVELS, Flights
 from ._link import ClientLink, PhaseEvent, SessionLog, closing_line
 from ._login_notice import login_needed_text
 from ._names import exposed_name
-from ._observe import NO_OBSERVER, Watch
 from ._toolsearch import (
     CALL_TOOL,
     DEFAULT_RESULTS,
@@ -732,15 +731,21 @@ class Requests:
             return False
         call.name = upstream_name
         flights = self.flights
-        flight = _InFlight(flights, client_id, handle, entry, upstream, self.link.batch)
+        encoded = _encoder.encode(call)
+        flight = _InFlight(
+            flights,
+            client_id,
+            handle,
+            entry,
+            upstream,
+            self.link.batch,
+            watch=None
+            if flights.tape is None
+            else (perf_counter(), view.name, "tools/call", upstream_name, len(encoded)),
+        )
         handle.in_flight += 1
         flights.inflight[client_id] = flight
         try:
-            encoded = _encoder.encode(call)
-            if flights.observer is not NO_OBSERVER:
-                flight.watch = Watch(
-                    "tools/call", view.name, upstream_name, perf_counter(), len(encoded)
-                )
             flight.uid = upstream.send_checked("tools/call", encoded, flight)
         except BaseException:
             flight.finish()  # whatever failed, the request is not in flight

@@ -83,7 +83,7 @@ from ._flights import Flights
 from ._interner import UNSHARED, Interner
 from ._link import ClientLink, SessionLog, Writer, _no_log
 from ._login_notice import LoginDesk
-from ._observe import NO_OBSERVER, CallObserver
+from ._observe import CallObserver
 from ._pins import NO_PINS, PinDesk
 from ._reconcile import Desired
 from ._registry import RegistryGeneration, Route
@@ -116,6 +116,7 @@ class Session:
     __slots__ = (
         "__weakref__",  # what a leak hunt (and its test) watches a closed session with
         "_log",
+        "_observer",
         "attached_at",
         "catalog",
         "cwd",
@@ -143,7 +144,7 @@ class Session:
         logins: LoginDesk | None = None,
         cursors: CursorBook[tuple[dict[str, Any], ...]] | None = None,
         interner: Interner | None = None,
-        observer: CallObserver = NO_OBSERVER,
+        observer: CallObserver | None = None,
         pins: PinDesk = NO_PINS,
         tool_search: ToolSearchSettings | None = None,
     ) -> None:
@@ -167,14 +168,17 @@ class Session:
                 up.close(reason)
 
         self.link = ClientLink(session_id, out, self._log, broken)
+        # The daemon's ledger, if any: the session's answered calls go on its tape.
+        self._observer = observer
         self.flights = Flights(
             session_id,
             self.link,
             log=self._log,
             fault=fault,
             logins=logins,
-            observer=observer,
-            folder=cwd,
+            tape=observer.open_tape(session_id, lambda: _client_facts(up))
+            if observer is not None
+            else None,
         )
         self.catalog = Catalog(
             session_id,
@@ -260,6 +264,9 @@ class Session:
             self.flights.unfinished_lines(closing) + self.requests.backlog_lines(closing)
         )
         self.flights.close(reason)
+        tape, self.flights.tape = self.flights.tape, None
+        if tape is not None and self._observer is not None:
+            self._observer.close_tape(tape)
         self.catalog.close()
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
@@ -419,3 +426,20 @@ class Session:
     @property
     def page_size(self) -> int:
         return self.requests.page_size
+
+
+def _client_facts(session: Session) -> tuple[str, str, str]:
+    """What the audit log says of a session (its ledger asks once a batch): its client's name
+    and version as the client gave them, and its folder ("" for what it did not say)."""
+    try:
+        info = session.link.client_info
+        folder = session.cwd
+    except ReferenceError:  # (a weak proxy: a session gone says nothing)
+        return "", "", ""
+    name = info.get("name", "")
+    version = info.get("version", "")
+    return (
+        name if name.__class__ is str else "",
+        version if version.__class__ is str else "",
+        folder or "",
+    )

@@ -33,7 +33,7 @@ from mcpool.pool import (
 from mcpool.pool._upstream import Upstream
 from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
 from mcpool.session import Desired, PolicyKey, SessionView
-from mcpool.session._observe import CallDone, Outcome
+from mcpool.session._observe import CallRecord, OutcomeName
 
 _pids = itertools.count(10_000)
 
@@ -456,47 +456,30 @@ class LineUpstream(Upstream):
         self._dispatch(b'{"jsonrpc":"2.0","id":%d,"result":{}}' % uid)
 
 
-class SessionFactsStub:
-    """What a session's records say of it (session/_observe.py `CallDone`)."""
-
-    def __init__(
-        self,
-        id: str = "s1",
-        client_name: str = "codex-mcp-client",
-        client_version: str = "0.171.0",
-        folder: str = "/home/u/project",
-    ) -> None:
-        self.id = id
-        self.client_name = client_name
-        self.client_version = client_version
-        self.folder = folder
+# What a session says of itself in its audit lines (session/_observe.py `CallTape.who`).
+CLIENT_FACTS = ("codex-mcp-client", "0.171.0", "/home/u/project")
 
 
 def call_record(
-    facts: SessionFactsStub,
     server: str,
     method: str,
     name: str,
     started: float,
     ended: float,
-    outcome: Outcome,
+    outcome: OutcomeName,
     code: int | None,
     bytes_in: int,
     bytes_out: int,
-) -> CallDone:
+) -> CallRecord:
     """A session's record of one answered request, from when it started and ended."""
-    return CallDone(
+    return CallRecord(
         started,
-        facts.id,
-        facts.client_name,
-        facts.client_version,
-        facts.folder,
         server,
         method,
         name,
+        bytes_in,
         (ended - started) * 1000.0,
         outcome,
-        bytes_in,
         bytes_out,
-        code,
+        UNSET if code is None else code,
     )

@@ -10,28 +10,29 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import SessionFactsStub, call_record
+from fakes import CLIENT_FACTS, call_record
 
-from mcpool.daemon._audit import AuditLog
+from mcpool.daemon._audit import AuditLog, session_lines
 from mcpool.daemon._ledger import Ledger, cmd_audit, parse_since, render_stats
-from mcpool.session._observe import CallDone, Outcome
+from mcpool.session._observe import RESULT, CallRecord, OutcomeName
 
 
-def _call(
-    sid: str, server: str, name: str, at: float, outcome: Outcome = Outcome.RESULT
-) -> CallDone:
-    return call_record(
-        SessionFactsStub(sid), server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70
-    )
+def _call(server: str, name: str, at: float, outcome: OutcomeName = RESULT) -> CallRecord:
+    return call_record(server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70)
 
 
 async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     ledger = Ledger(AuditLog(path))
+    s1 = ledger.open_tape("s1", lambda: CLIENT_FACTS)
+    s2 = ledger.open_tape("s2", lambda: ("gemini-cli", "0.61.0", ""))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ledger.run)
-        ledger.call_done(_call("s1", "git", "log", time.time()))
-        ledger.call_done(_call("s2", "git", "log", time.time(), Outcome.TOOL_ERROR))
+        s1.done((time.perf_counter(), "git", "tools/call", "log", 7), b"{}")
+        s2.done(
+            (time.perf_counter(), "git", "tools/call", "log", 7),
+            b'{"result":{"content":[],"isError":true}}',
+        )
         nursery.cancel_scope.cancel()
     stats = ledger.stats.as_json()
     assert stats["servers"]["git"]["calls"] == 2
@@ -40,9 +41,30 @@ async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) 
     text = render_stats(stats)
     assert "git" in text and "  log" in text and "calls by session: s1 1, s2 1" in text
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["session"], r["outcome"]) for r in lines] == [("s1", "result"), ("s2", "isError")]
-    ledger.session_closed("s1")
+    assert [(r["session"], r["client"], r["outcome"]) for r in lines] == [
+        ("s1", "codex-mcp-client", "result"),
+        ("s2", "gemini-cli", "isError"),
+    ]
+    assert abs(lines[0]["ts"] - time.time()) < 60  # the Unix time, not the fast clock's
+    ledger.close_tape(s1)
+    assert ledger.stats.as_json()["sessions"] == {"s1": 1, "s2": 1}  # until the next drain
+    ledger.drain()
     assert ledger.stats.as_json()["sessions"] == {"s2": 1}
+
+
+async def test_a_closed_sessions_last_calls_are_written_with_what_it_said_of_itself(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    ledger = Ledger(AuditLog(path))
+    said = ["codex-mcp-client", "0.171.0", "/a"]
+    tape = ledger.open_tape("s1", lambda: (said[0], said[1], said[2]))
+    tape.done((time.perf_counter(), "git", "tools/call", "log", 7), b"{}")
+    ledger.close_tape(tape)
+    said[2] = "/somewhere else"  # (what it says after closing is not asked)
+    ledger.drain()
+    (line,) = [json.loads(x) for x in path.read_text().splitlines()]
+    assert (line["session"], line["folder"], line["name"]) == ("s1", "/a", "log")
 
 
 async def test_daemonctl_audit_filters_and_prints(
@@ -52,10 +74,10 @@ async def test_daemonctl_audit_filters_and_prints(
     log = AuditLog(path)
     now = time.time()
     log.write(
-        [
-            _call(sid, server, "t", now)
+        b"".join(
+            session_lines(sid, CLIENT_FACTS, [_call(server, "t", now)])
             for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs"))
-        ]
+        )
     )
     args = argparse.Namespace(session="s1", server=None, since=None, n=0)
     assert cmd_audit(args, True, path) == 0

@@ -4,23 +4,26 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
+from time import perf_counter
 
+import msgspec
 import pytest
 import trio
 import trio.testing
-from fakes import SessionFactsStub as Facts
-from fakes import call_record
+from fakes import CLIENT_FACTS, call_record
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec import Raw
 
 from mcpool.daemon import _ledger
-from mcpool.daemon._audit import AuditLog, read_audit
+from mcpool.daemon._audit import AuditLine, AuditLog, read_audit, session_lines
 from mcpool.daemon._ledger import Ledger
-from mcpool.daemon._stats import Counters, Stats, bucket_of, bucket_top, percentiles
-from mcpool.session._observe import Outcome
+from mcpool.daemon._stats import EDGES, Counters, Stats, bucket_of, bucket_top, percentiles
+from mcpool.session._observe import ERROR, RESULT, TOOL_ERROR, OutcomeName
 
 
 def test_a_duration_is_read_back_within_its_bucket() -> None:
@@ -43,18 +46,14 @@ def test_percentiles_of_a_known_spread() -> None:
 
 def test_stats_count_by_server_tool_and_session() -> None:
     stats = Stats(max_tools=2)
-    s1, s2 = Facts("s1"), Facts("s2")
-    stats.call_done(
-        call_record(s1, "git", "tools/call", "log", 0.0, 0.010, Outcome.RESULT, None, 10, 100)
-    )
-    stats.call_done(
-        call_record(s2, "git", "tools/call", "log", 0.0, 0.030, Outcome.TOOL_ERROR, None, 5, 50)
-    )
-    stats.call_done(
-        call_record(s1, "fs", "resources/read", "file:///a", 0.0, 0.001, Outcome.ERROR, -1, 1, 2)
-    )
-    stats.call_done(
-        call_record(s1, "fs", "tools/call", "past-the-cap", 0.0, 0.001, Outcome.RESULT, None, 1, 1)
+    stats.add("s1", [call_record("git", "tools/call", "log", 0.0, 0.010, RESULT, None, 10, 100)])
+    stats.add("s2", [call_record("git", "tools/call", "log", 0.0, 0.030, TOOL_ERROR, None, 5, 50)])
+    stats.add(
+        "s1",
+        [
+            call_record("fs", "resources/read", "file:///a", 0.0, 0.001, ERROR, -1, 1, 2),
+            call_record("fs", "tools/call", "past-the-cap", 0.0, 0.001, RESULT, None, 1, 1),
+        ],
     )
     out = stats.as_json(in_flight={"git": 1})
     git = out["servers"]["git"]
@@ -69,6 +68,14 @@ def test_stats_count_by_server_tool_and_session() -> None:
     assert stats.as_json()["sessions"] == {"s1": 3}
 
 
+def _done(ledger: Ledger, session: str, server: str, method: str, name: str) -> None:
+    """A request of `session`'s answered now, through its tape (opened once)."""
+    tape = next((t for t in ledger._tapes.values() if t.session == session), None)
+    if tape is None:
+        tape = ledger.open_tape(session, lambda: CLIENT_FACTS)
+    tape.done((perf_counter(), server, method, name, 3), b"{}\n")
+
+
 async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -76,16 +83,15 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
     log = Ledger(AuditLog(path))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
-        log.call_done(
-            call_record(Facts(), "git", "tools/call", "log", 1.0, 1.25, Outcome.RESULT, None, 3, 4)
-        )
+        _done(log, "s1", "git", "tools/call", "log")
         assert not path.exists()  # nothing written per call
         await trio.sleep(_ledger.FLUSH_INTERVAL * 1.5)
         assert path.exists() and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        log.call_done(
-            call_record(
-                Facts("s2"), "fs", "prompts/get", "p", 2.0, 2.5, Outcome.ERROR, -32602, 1, 2
-            )
+        tape = log.open_tape("s2", lambda: CLIENT_FACTS)
+        tape.done(
+            (perf_counter(), "fs", "prompts/get", "p", 1),
+            b"",
+            Raw(b'{"code":-32602,"message":"x"}'),
         )
         nursery.cancel_scope.cancel()  # the end flushes what waits
     records = list(read_audit(path))
@@ -94,74 +100,109 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
         ("s2", "fs", "prompts/get", "p"),
     ]
     first = json.loads(path.read_text().splitlines()[0])
-    assert first["duration_ms"] == 250.0 and first["outcome"] == "result"
+    assert first["duration_ms"] >= 0 and first["outcome"] == "result" and first["bytes_out"] == 3
     assert first["client"] == "codex-mcp-client" and first["folder"] == "/home/u/project"
     assert "code" not in first and json.loads(path.read_text().splitlines()[1])["code"] == -32602
     assert [r.server for r in read_audit(path, server="fs")] == ["fs"]
     assert [r.session for r in read_audit(path, session="s1")] == ["s1"]
-    assert list(read_audit(path, since=first["ts"] + 0.5)) == records[1:]
+    assert list(read_audit(path, since=records[1].ts)) == records[1:]
 
 
 async def test_what_waits_is_bounded_and_the_drop_is_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_ledger, "MAX_PENDING", 40)
+    monkeypatch.setattr(_ledger, "MAX_PENDING", 300)
     path = tmp_path / "audit.jsonl"
     log = Ledger(AuditLog(path))
-    for n in range(100):
-        log.call_done(
-            call_record(Facts(), "git", "tools/call", f"t{n}", 0.0, 0.1, Outcome.RESULT, None, 1, 1)
-        )
-    assert log.dropped > 0
-    dropped = log.dropped
+    for n in range(400):
+        _done(log, "s1", "git", "tools/call", f"t{n}")
+    assert log.dropped == 100
     log.drain()
-    assert (log.dropped, log.dropped_total) == (0, dropped)  # `daemonctl stats` keeps the count
+    assert (log.dropped, log.dropped_total) == (0, 100)  # `daemonctl stats` keeps the count
     lines = path.read_text().splitlines()
-    assert json.loads(lines[-1]) == {"dropped": dropped}
-    assert len(list(read_audit(path))) == len(lines) - 1
+    assert json.loads(lines[-1]) == {"dropped": 100}
+    assert len(list(read_audit(path))) == len(lines) - 1 == 300
 
 
 async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path, max_bytes=400)
     for n in range(12):
-        log.write(
-            [
-                call_record(
-                    Facts(), "git", "tools/call", f"t{n}", n, n + 0.1, Outcome.RESULT, None, 1, 1
-                )
-            ]
-        )
+        record = call_record("git", "tools/call", f"t{n}", n, n + 0.1, RESULT, None, 1, 1)
+        log.write(session_lines("s1", CLIENT_FACTS, [record]))
     assert (tmp_path / "audit.jsonl.1").exists()
     names = [r.name for r in read_audit(path)]
     assert names == sorted(names, key=lambda s: int(s[1:]))  # oldest first, none twice
     assert names[-1] == "t11"
 
 
+_text = st.text(max_size=12)
+
+
+@given(_text, _text, _text, _text, _text, st.sampled_from(['{"ts":', '"ts":', "\n{"]))
+def test_a_sessions_fields_go_in_each_of_its_lines_whatever_they_say(
+    session: str, client: str, version: str, folder: str, name: str, trap: str
+) -> None:
+    """The session's fields are put in by a bytes replace of each line's start: whatever any
+    field or name says (the very bytes replaced, included), each line reads back as its
+    record with its session's fields."""
+    records = [
+        call_record("git", "tools/call", name + trap, 1.0, 1.5, RESULT, None, 3, 4),
+        call_record(trap, "prompts/get", trap + name, 2.0, 2.25, ERROR, -32602, 1, 2),
+    ]
+    data = session_lines(session + trap, (client, version + trap, folder), records)
+    lines = data.splitlines()
+    assert len(lines) == 2
+    decoded = [msgspec.json.decode(line, type=AuditLine) for line in lines]
+    for got, record in zip(decoded, records, strict=True):
+        assert (got.session, got.client, got.client_version, got.folder) == (
+            session + trap,
+            client,
+            version + trap,
+            folder,
+        )
+        assert msgspec.structs.astuple(got)[:9] == msgspec.structs.astuple(record)
+
+
+_edge_durations = st.one_of(
+    st.floats(min_value=-1.0, max_value=1e10, allow_nan=False),
+    st.sampled_from(EDGES).flatmap(
+        lambda e: st.sampled_from([e, math.nextafter(e, 0.0), math.nextafter(e, math.inf)])
+    ),
+)
+
+
 @given(
     st.lists(
         st.tuples(
-            st.floats(min_value=0.0, max_value=1e7, allow_nan=False),
-            st.sampled_from(list(Outcome)),
+            _edge_durations,
+            st.sampled_from([RESULT, TOOL_ERROR, ERROR]),
             st.integers(0, 1 << 20),
             st.integers(0, 1 << 20),
+            st.sampled_from(["a", "b", "c"]),
         ),
+        min_size=1,
         max_size=60,
-    )
+    ),
+    st.booleans(),
 )
 def test_a_batch_counts_what_its_calls_one_by_one_count(
-    calls: list[tuple[float, Outcome, int, int]],
+    calls: list[tuple[float, OutcomeName, int, int, str]], one_tool: bool
 ) -> None:
-    """The ledger counts in batches over C loops (`Counters.add_batch`): the same counters
-    and histogram as `add` call by call, whatever the durations (bucket edges included)."""
+    """The ledger counts in batches (`Stats.add`: grouped, summed, each tool's durations
+    sorted and bucketed a run at a time): the same counters and histograms as `add` call by
+    call, whatever the durations (bucket edges included) and however many tools."""
     records = [
-        call_record(Facts(), "git", "tools/call", "t", 0.0, ms / 1000.0, outcome, None, i, o)
-        for ms, outcome, i, o in calls
+        call_record("git", "tools/call", "t" if one_tool else t, 0.0, ms / 1000.0, o, None, i, b)
+        for ms, o, i, b, t in calls
     ]
-    one_by_one = Counters()
+    one_by_one: dict[str, Counters] = {}
+    server = Counters()
     for r in records:
-        one_by_one.add(r.duration_ms, r.outcome is not Outcome.RESULT, r.bytes_in, r.bytes_out)
+        for counters in (one_by_one.setdefault(r.name, Counters()), server):
+            counters.add(r.duration_ms, r.outcome != RESULT, r.bytes_in, r.bytes_out)
     batched = Stats()
-    batched.add_batch(records)
-    got = batched.servers.get("git", Counters())
-    assert got == one_by_one
+    batched.add("s1", records)
+    assert batched.servers["git"] == server
+    assert {key[2]: c for key, c in batched.tools.items()} == one_by_one
+    assert batched.sessions == {"s1": len(records)}

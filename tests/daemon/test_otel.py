@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import trio
-from fakes import SessionFactsStub as Facts
 from fakes import call_record
 from otlp_receiver import otlp_receiver
 
 from mcpool.daemon import _otel
-from mcpool.session._observe import Outcome
+from mcpool.session._observe import ERROR, RESULT, TOOL_ERROR
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 
@@ -27,29 +26,13 @@ async def test_spans_follow_the_mcp_conventions_and_metrics_arrive(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         observer = _otel.start("0.1.0")
         t = trio.current_time()
-        observer.call_done(
-            call_record(
-                Facts("s7"), "git", "tools/call", "log", t, t + 0.25, Outcome.RESULT, None, 10, 20
-            )
-        )
-        observer.call_done(
-            call_record(
-                Facts("s7"), "git", "tools/call", "diff", t, t + 0.1, Outcome.TOOL_ERROR, None, 1, 2
-            )
-        )
-        observer.call_done(
-            call_record(
-                Facts("s7"),
-                "fs",
-                "resources/read",
-                "file:///a",
-                t,
-                t + 0.1,
-                Outcome.ERROR,
-                -32002,
-                1,
-                2,
-            )
+        observer.add(
+            "s7",
+            [
+                call_record("git", "tools/call", "log", t, t + 0.25, RESULT, None, 10, 20),
+                call_record("git", "tools/call", "diff", t, t + 0.1, TOOL_ERROR, None, 1, 2),
+                call_record("fs", "resources/read", "file:///a", t, t + 0.1, ERROR, -32002, 1, 2),
+            ],
         )
         with trio.fail_after(10):
             await trio.to_thread.run_sync(observer.flush)
