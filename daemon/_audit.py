@@ -5,10 +5,10 @@ when, which session (its client's name and version, its folder), which server an
 prompt, how long, the outcome (result, isError, or the error's code) and the bytes each way.
 Never an argument, a result or a secret: the observer is given none (session/_observe.py).
 
-`AuditLog` writes the sessions' records (`CallRecord`, the line but for its session's
-fields) as the daemon's ledger hands them over in batches (daemon/_ledger.py, which bounds
-them): a session's records encoded in one msgspec call, its fields put in each line by one bytes
-replace, and one write per batch, so a call costs no system call and no encoding of its own.
+`AuditLog` writes the sessions' records (`CallRecord`, each one line, its session's facts
+encoded once for all its lines) as the daemon's ledger hands them over in batches
+(daemon/_ledger.py, which bounds them): encoded in one msgspec call and written in one write per
+batch, so a call costs no system call and no encoding of its own.
 The file is 0600 and rotated by size like the daemon's log (daemon/_log.py: audit.jsonl.1, .2,
 ...).
 """
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import Raw
 
-from mcpool.session._observe import CallRecord
+from mcpool.session._observe import CallRecord, SessionFacts
 
 from ._log import JsonLinesLog
 
@@ -31,34 +32,17 @@ BACKUPS = 3
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
-class AuditLine(CallRecord, kw_only=True):
-    """A line as read back: the record and its session's fields."""
+# A line as read back: the record, its session's facts decoded.
+AuditLine = CallRecord[SessionFacts]
 
-    session: str = ""
-    client: str = ""
-    client_version: str = ""
-    folder: str = ""
-
-
-class _SessionFields(msgspec.Struct):
-    session: str
-    client: str
-    client_version: str
-    folder: str
-
-
-_encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AuditLine)
-# How every encoded record starts (its first field). Inside a JSON string a quote is escaped,
-# so these bytes are found only where a line starts.
-_LINE_START = b'{"ts":'
+_encoder = msgspec.json.Encoder()
 
 
-def session_lines(session: str, who: tuple[str, str, str], records: list[CallRecord]) -> bytes:
-    """A session's records as audit lines, each with the session's fields (`who`: its
-    client's name and version, its folder)."""
-    fields = _encoder.encode(_SessionFields(session, *who))
-    return _encoder.encode_lines(records).replace(_LINE_START, fields[:-1] + b"," + _LINE_START[1:])
+def lines_of(records: list[CallRecord[Raw]]) -> bytes:
+    """Records as audit lines: one msgspec call, each session's facts copied in as they were
+    encoded when the session said them."""
+    return _encoder.encode_lines(records)
 
 
 class AuditLog:
@@ -67,7 +51,7 @@ class AuditLog:
         self._file = JsonLinesLog(self.path, max_bytes=max_bytes, backups=BACKUPS)
 
     def write(self, lines: bytes, dropped: int = 0) -> None:
-        """Append these lines (`session_lines`'), and a line saying how many were dropped
+        """Append these lines (`lines_of`'), and a line saying how many were dropped
         before them, in one write; the file rotates before it when full."""
         if self.path is None or not (lines or dropped):
             return
@@ -114,7 +98,7 @@ def read_audit(
                     record = _decoder.decode(raw)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     continue
-                if session is not None and record.session != session:
+                if session is not None and record.session.id != session:
                     continue
                 if server is not None and record.server != server:
                     continue

@@ -16,18 +16,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from msgspec import UnsetType
+from msgspec import Raw, UnsetType
 
-from mcpool.session._observe import CallTape
+from mcpool.session._observe import CallRecord, CallTape
 
 from . import _audit, _otel, _paths
-from ._audit import AuditLog, read_audit, session_lines
+from ._audit import AuditLog, lines_of, read_audit
 from ._stats import Stats
 
 if TYPE_CHECKING:
@@ -70,8 +70,7 @@ class Ledger:
         self.audit = audit
         self.otel = otel
         self._tapes: dict[int, CallTape] = {}  # the open ones, by id()
-        # Closed tapes and what their sessions said of themselves, until the next drain.
-        self._closed: list[tuple[CallTape, tuple[str, str, str]]] = []
+        self._closed: list[CallTape] = []  # until the next drain
         self._wall_offset = _wall_offset()
         self.dropped = 0  # since the last drain (the audit file is told)
         self.dropped_total = 0  # since the daemon started (`daemonctl stats`)
@@ -85,14 +84,14 @@ class Ledger:
 
     # -- as sessions meet it (CallObserver) -------------------------------------------------
 
-    def open_tape(self, session: str, who: Callable[[], tuple[str, str, str]]) -> CallTape:
-        tape = CallTape(session, who, self._full, self._wall_offset)
+    def open_tape(self, session: str) -> CallTape:
+        tape = CallTape(session, self._full, self._wall_offset)
         self._tapes[id(tape)] = tape
         return tape
 
     def close_tape(self, tape: CallTape) -> None:
         if self._tapes.pop(id(tape), None) is tape:
-            self._closed.append((tape, tape.who()))  # counted at the next drain, then forgotten
+            self._closed.append(tape)  # counted at the next drain, then forgotten
 
     def _full(self, tape: CallTape) -> None:
         """A tape holds FLUSH_RECORDS or more: a drain is due; past MAX_PENDING the newest
@@ -107,28 +106,29 @@ class Ledger:
     # -- the batches ------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """What the tapes hold goes to the statistics, the audit file (one write) and
-        OpenTelemetry, a session's records at a time; each tape is told the clock's offset."""
+        """What the tapes hold goes to the statistics and OpenTelemetry, a session's records
+        at a time, and to the audit file in one write; each tape is told the clock's offset."""
         self._wall_offset = offset = _wall_offset()
         closed, self._closed = self._closed, []
-        chunks: list[bytes] = []
+        taken: list[CallRecord[Raw]] = []
         for tape in self._tapes.values():
             tape.wall_offset = offset
             if tape.records:
-                chunks.append(self._take(tape, tape.who()))
-        for tape, who in closed:
+                taken += self._take(tape)
+        for tape in closed:
             if tape.records:
-                chunks.append(self._take(tape, who))
+                taken += self._take(tape)
             self.stats.session_closed(tape.session)
         dropped, self.dropped = self.dropped, 0
-        self.audit.write(b"".join(chunks), dropped)
+        if taken or dropped:
+            self.audit.write(lines_of(taken), dropped)
 
-    def _take(self, tape: CallTape, who: tuple[str, str, str]) -> bytes:
+    def _take(self, tape: CallTape) -> list[CallRecord[Raw]]:
         records, tape.records = tape.records, []
         self.stats.add(tape.session, records)
         if self.otel is not None:
             self.otel.add(tape.session, records)
-        return session_lines(tape.session, who, records)
+        return records
 
     def stats_json(self, in_flight: dict[str, int]) -> dict[str, Any]:
         self.drain()
@@ -249,7 +249,16 @@ def cmd_audit(args: argparse.Namespace, as_json: bool, path: Path | None = None)
         outcome = r.outcome if isinstance(r.code, UnsetType) else f"{r.outcome} {r.code}"
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ts))
         rows.append(
-            [when, r.session, r.client, r.server, r.method, r.name, f"{r.duration_ms:g}", outcome]
+            [
+                when,
+                r.session.id,
+                r.session.client,
+                r.server,
+                r.method,
+                r.name,
+                f"{r.duration_ms:g}",
+                outcome,
+            ]
         )
     sys.stdout.write(_columns(rows) + "\n")
     return 0

@@ -53,12 +53,12 @@ class OtelObserver:
         self._kind = SpanKind.SERVER
         self._error = Status(StatusCode.ERROR)
 
-    def add(self, session: str, records: list[CallRecord]) -> None:
+    def add(self, session: str, records: list[CallRecord[Any]]) -> None:
         """A span and the metrics for each of a session's answered requests."""
         for record in records:
             self._one(session, record)
 
-    def _one(self, session: str, call: CallRecord) -> None:
+    def _one(self, session: str, call: CallRecord[Any]) -> None:
         attributes: dict[str, Any] = {
             "mcp.method.name": call.method,
             "mcp.session.id": session,

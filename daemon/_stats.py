@@ -121,7 +121,7 @@ class _Batch:
 
     __slots__ = ("buckets", "bytes_in", "bytes_out", "calls", "errors")
 
-    def __init__(self, records: list[CallRecord]) -> None:
+    def __init__(self, records: list[CallRecord[Any]]) -> None:
         self.calls = len(records)
         self.errors = self.calls - [r.outcome for r in records].count(RESULT)
         self.bytes_in = sum([r.bytes_in for r in records])
@@ -139,13 +139,13 @@ class Stats:
         self.sessions: dict[str, int] = {}
         self.tools_not_kept = 0  # calls of tools past max_tools (in their server's counters)
 
-    def add(self, session: str, records: list[CallRecord]) -> None:
+    def add(self, session: str, records: list[CallRecord[Any]]) -> None:
         """Count a batch of one session's answered requests (the ledger's, about once a
         second): grouped by tool in one pass, each group summed once for its tool and its
         server (`_Batch`)."""
         self.sessions[session] = self.sessions.get(session, 0) + len(records)
         keys = [(r.server, r.method, r.name) for r in records]
-        groups: dict[tuple[str, str, str], list[CallRecord]]
+        groups: dict[tuple[str, str, str], list[CallRecord[Any]]]
         if keys.count(keys[0]) == len(keys):
             groups = {keys[0]: records}  # one tool's, as a session's second of calls often is
         else:

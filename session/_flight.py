@@ -172,6 +172,7 @@ class _InFlight(msgspec.Struct, eq=False):
                         records = tape.records
                         records.append(
                             CallRecord(
+                                tape.facts,
                                 started + tape.wall_offset,
                                 server,
                                 method,

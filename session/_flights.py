@@ -145,6 +145,7 @@ class Flights:
         "_parked",
         "_sid",
         "fault",
+        "folder",
         "inflight",
         "link",
         "listens",
@@ -165,12 +166,15 @@ class Flights:
         fault: Callable[[str, BaseException], None],
         logins: LoginDesk | None,
         tape: CallTape | None = None,
+        folder: str | None = None,
     ) -> None:
         self._sid = sid
         self.link = link
         # Where every answered call, read and get, and every relayed server request, is
         # recorded for the daemon's ledger (audit log, statistics; session/_observe.py).
         self.tape = tape
+        self.folder = folder or ""
+        self.client_said()
         self._log = log
         # An unexpected exception in code others' tasks run: logged, and this session closes.
         self.fault = fault
@@ -193,6 +197,19 @@ class Flights:
         # With `spawn` set (the daemon's connections), the tasks that bound a held call's
         # retry and run a login notice can start; without it neither is offered.
         self.spawn: Spawn | None = None
+
+    def client_said(self) -> None:
+        """The client said who it is (or it is not known yet): the session's audit lines
+        say it from now on."""
+        if self.tape is not None:
+            info = self.link.client_info
+            name = info.get("name", "")
+            version = info.get("version", "")
+            self.tape.said(
+                name if name.__class__ is str else "",
+                version if version.__class__ is str else "",
+                self.folder,
+            )
 
     def in_use(self, client_id: Any) -> bool:
         """Whether a request of the client's with this id is still open here."""

@@ -10,16 +10,16 @@ never pass here: only names, sizes, times and outcomes.
 The path of every observed call does as little as Python allows (issue 30): as the request is
 sent, a clock reading and a tuple (`Watch`); as it is answered, a second reading, one
 `CallRecord` made in C and an append (`CallTape.done`).
-What the session's records share (its id, its client's name and version, its folder) is said
-once per batch by the ledger, not stored in each record; the grouping, counting and encoding are
-the ledger's, in batches.
+What the session's records share (its id, its client's name and version, its folder) is encoded
+once, when the session says it, and each record holds those bytes; the grouping, counting and
+encoding are the ledger's, in batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter
-from typing import Final, Literal, Protocol
+from typing import Final, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -42,11 +42,27 @@ FLUSH_RECORDS: Final = 256
 Watch = tuple[float, str, str, str, int]
 
 
-class CallRecord(msgspec.Struct, gc=False):
-    """One answered request: the audit line but for its session's fields. `ts`: when it
-    started (Unix time); `bytes_in` came from the client (the request, or for a server request
-    the client's answer), `bytes_out` went to it. gc=False: strings and numbers only."""
+class SessionFacts(msgspec.Struct):
+    """What each of a session's audit lines says of it: its id, its client's name and version
+    as the client gave them, its folder ("" for what was not said)."""
 
+    id: str
+    client: str
+    client_version: str
+    folder: str
+
+
+_encoder = msgspec.json.Encoder()
+Facts = TypeVar("Facts")
+
+
+class CallRecord(msgspec.Struct, Generic[Facts], gc=False):
+    """One answered request: one audit line. `session`: its session's facts, as the tape
+    keeps them encoded (`Raw`, copied into the line as it is) or as read back (SessionFacts);
+    `ts`: when it started (Unix time); `bytes_in` came from the client (the request, or for a
+    server request the client's answer), `bytes_out` went to it. gc=False: no cycles."""
+
+    session: Facts
     ts: float
     server: str
     method: str
@@ -71,26 +87,25 @@ class CallTape:
     """One session's answered requests, waiting for its ledger's next drain.
 
     The session appends (`done`, or the one inlined copy of it on the answer's hot path in
-    session/_flight.py, held equal to it by a property test); the ledger takes `records` and
-    sets `wall_offset` at each drain. `who` says, when the ledger asks, the session's client's
-    name and version and its folder. `full` is the ledger's, called once FLUSH_RECORDS wait."""
+    session/_flight.py, held equal to it by a property test) and says what its lines say of it
+    (`said`, once it knows); the ledger takes `records` and sets `wall_offset` at each drain.
+    `full` is the ledger's, called once FLUSH_RECORDS wait."""
 
-    __slots__ = ("full", "records", "session", "wall_offset", "who")
+    __slots__ = ("facts", "full", "records", "session", "wall_offset")
 
-    def __init__(
-        self,
-        session: str,
-        who: Callable[[], tuple[str, str, str]],
-        full: Callable[[CallTape], None],
-        wall_offset: float,
-    ) -> None:
+    def __init__(self, session: str, full: Callable[[CallTape], None], wall_offset: float) -> None:
         self.session = session
-        self.who = who
         self.full = full
-        self.records: list[CallRecord] = []
+        self.records: list[CallRecord[Raw]] = []
         # time.time() - perf_counter() at the ledger's last drain (at most a second or so ago):
         # a record's start is read on the fast clock and told as the Unix time with it.
         self.wall_offset = wall_offset
+        self.facts = Raw(b"")
+        self.said("", "", "")
+
+    def said(self, client: str, version: str, folder: str) -> None:
+        """What the session's lines say of it from now on (encoded once, here)."""
+        self.facts = Raw(_encoder.encode(SessionFacts(self.session, client, version, folder)))
 
     def done(
         self, watch: Watch, line: bytes, error: Raw | UnsetType = UNSET, bytes_in: int = -1
@@ -111,6 +126,7 @@ class CallTape:
         records = self.records
         records.append(
             CallRecord(
+                self.facts,
                 started + self.wall_offset,
                 server,
                 method,
@@ -129,7 +145,7 @@ class CallTape:
 class CallObserver(Protocol):
     """What a session needs of the daemon's ledger."""
 
-    def open_tape(self, session: str, who: Callable[[], tuple[str, str, str]]) -> CallTape:
+    def open_tape(self, session: str) -> CallTape:
         """The session's tape, for its life."""
         ...
 

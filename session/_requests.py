@@ -380,6 +380,7 @@ class Requests:
         if env.client_info is not None and env.client_info != self.link.client_info:
             self.link.client_info = env.client_info
             self.catalog.update_name_budget()
+            self.flights.client_said()
         if env.log_level != self.link.log_level:
             # Logging is opted into per request in this era; no level means no log messages.
             self.link.log_level = env.log_level
@@ -431,6 +432,7 @@ class Requests:
         self.link.protocol_version = version
         self.link.client_capabilities = t.capabilities or {}
         self.link.client_info = t.clientInfo or {}
+        self.flights.client_said()
         # Before the answer: the client's first tools/list must already fit its name limit (and
         # nothing is notified, as the handshake is not complete yet).
         self.catalog.update_name_budget()

@@ -176,9 +176,8 @@ class Session:
             log=self._log,
             fault=fault,
             logins=logins,
-            tape=observer.open_tape(session_id, lambda: _client_facts(up))
-            if observer is not None
-            else None,
+            tape=observer.open_tape(session_id) if observer is not None else None,
+            folder=cwd,
         )
         self.catalog = Catalog(
             session_id,
@@ -426,20 +425,3 @@ class Session:
     @property
     def page_size(self) -> int:
         return self.requests.page_size
-
-
-def _client_facts(session: Session) -> tuple[str, str, str]:
-    """What the audit log says of a session (its ledger asks once a batch): its client's name
-    and version as the client gave them, and its folder ("" for what it did not say)."""
-    try:
-        info = session.link.client_info
-        folder = session.cwd
-    except ReferenceError:  # (a weak proxy: a session gone says nothing)
-        return "", "", ""
-    name = info.get("name", "")
-    version = info.get("version", "")
-    return (
-        name if name.__class__ is str else "",
-        version if version.__class__ is str else "",
-        folder or "",
-    )

@@ -33,7 +33,7 @@ from mcpool.pool import (
 from mcpool.pool._upstream import Upstream
 from mcpool.protocol import McpoolError, Message, UpstreamClosed, UpstreamUnavailable
 from mcpool.session import Desired, PolicyKey, SessionView
-from mcpool.session._observe import CallRecord, OutcomeName
+from mcpool.session._observe import CallRecord, OutcomeName, SessionFacts
 
 _pids = itertools.count(10_000)
 
@@ -470,9 +470,12 @@ def call_record(
     code: int | None,
     bytes_in: int,
     bytes_out: int,
-) -> CallRecord:
+    session: str = "s1",
+) -> CallRecord[Raw]:
     """A session's record of one answered request, from when it started and ended."""
+    facts = SessionFacts(session, *CLIENT_FACTS)
     return CallRecord(
+        Raw(msgspec.json.encode(facts)),
         started,
         server,
         method,

@@ -11,21 +11,26 @@ from pathlib import Path
 import pytest
 import trio
 from fakes import CLIENT_FACTS, call_record
+from msgspec import Raw
 
-from mcpool.daemon._audit import AuditLog, session_lines
+from mcpool.daemon._audit import AuditLog, lines_of
 from mcpool.daemon._ledger import Ledger, cmd_audit, parse_since, render_stats
 from mcpool.session._observe import RESULT, CallRecord, OutcomeName
 
 
-def _call(server: str, name: str, at: float, outcome: OutcomeName = RESULT) -> CallRecord:
-    return call_record(server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70)
+def _call(
+    server: str, name: str, at: float, outcome: OutcomeName = RESULT, session: str = "s1"
+) -> CallRecord[Raw]:
+    return call_record(server, "tools/call", name, at, at + 0.02, outcome, None, 7, 70, session)
 
 
 async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     ledger = Ledger(AuditLog(path))
-    s1 = ledger.open_tape("s1", lambda: CLIENT_FACTS)
-    s2 = ledger.open_tape("s2", lambda: ("gemini-cli", "0.61.0", ""))
+    s1 = ledger.open_tape("s1")
+    s1.said(*CLIENT_FACTS)
+    s2 = ledger.open_tape("s2")
+    s2.said("gemini-cli", "0.61.0", "")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ledger.run)
         s1.done((time.perf_counter(), "git", "tools/call", "log", 7), b"{}")
@@ -41,7 +46,7 @@ async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) 
     text = render_stats(stats)
     assert "git" in text and "  log" in text and "calls by session: s1 1, s2 1" in text
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["session"], r["client"], r["outcome"]) for r in lines] == [
+    assert [(r["session"]["id"], r["session"]["client"], r["outcome"]) for r in lines] == [
         ("s1", "codex-mcp-client", "result"),
         ("s2", "gemini-cli", "isError"),
     ]
@@ -52,19 +57,26 @@ async def test_a_call_reaches_the_statistics_and_the_audit_file(tmp_path: Path) 
     assert ledger.stats.as_json()["sessions"] == {"s2": 1}
 
 
-async def test_a_closed_sessions_last_calls_are_written_with_what_it_said_of_itself(
+async def test_lines_say_what_the_session_said_of_itself_then_and_a_closed_ones_are_written(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "audit.jsonl"
     ledger = Ledger(AuditLog(path))
-    said = ["codex-mcp-client", "0.171.0", "/a"]
-    tape = ledger.open_tape("s1", lambda: (said[0], said[1], said[2]))
-    tape.done((time.perf_counter(), "git", "tools/call", "log", 7), b"{}")
+    tape = ledger.open_tape("s1")
+    tape.done((time.perf_counter(), "git", "tools/call", "before", 7), b"{}")
+    tape.said("codex-mcp-client", "0.171.0", "/a")
+    tape.done((time.perf_counter(), "git", "tools/call", "after", 7), b"{}")
     ledger.close_tape(tape)
-    said[2] = "/somewhere else"  # (what it says after closing is not asked)
     ledger.drain()
-    (line,) = [json.loads(x) for x in path.read_text().splitlines()]
-    assert (line["session"], line["folder"], line["name"]) == ("s1", "/a", "log")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(x["name"], x["session"]) for x in lines] == [
+        ("before", {"id": "s1", "client": "", "client_version": "", "folder": ""}),
+        (
+            "after",
+            {"id": "s1", "client": "codex-mcp-client", "client_version": "0.171.0", "folder": "/a"},
+        ),
+    ]
+    assert ledger.stats.as_json()["sessions"] == {}
 
 
 async def test_daemonctl_audit_filters_and_prints(
@@ -75,14 +87,14 @@ async def test_daemonctl_audit_filters_and_prints(
     now = time.time()
     log.write(
         b"".join(
-            session_lines(sid, CLIENT_FACTS, [_call(server, "t", now)])
+            lines_of([_call(server, "t", now, session=sid)])
             for sid, server in (("s1", "git"), ("s2", "fs"), ("s1", "fs"))
         )
     )
     args = argparse.Namespace(session="s1", server=None, since=None, n=0)
     assert cmd_audit(args, True, path) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert [(r["session"], r["server"]) for r in printed] == [("s1", "git"), ("s1", "fs")]
+    assert [(r["session"]["id"], r["server"]) for r in printed] == [("s1", "git"), ("s1", "fs")]
     args = argparse.Namespace(session=None, server="fs", since="1h", n=1)
     assert cmd_audit(args, False, path) == 0
     out = capsys.readouterr().out.splitlines()

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from msgspec import Raw
 
 from mcpool.daemon import _ledger
-from mcpool.daemon._audit import AuditLine, AuditLog, read_audit, session_lines
+from mcpool.daemon._audit import AuditLine, AuditLog, lines_of, read_audit
 from mcpool.daemon._ledger import Ledger
 from mcpool.daemon._stats import EDGES, Counters, Stats, bucket_of, bucket_top, percentiles
-from mcpool.session._observe import ERROR, RESULT, TOOL_ERROR, OutcomeName
+from mcpool.session._observe import ERROR, RESULT, TOOL_ERROR, CallTape, OutcomeName, SessionFacts
 
 
 def test_a_duration_is_read_back_within_its_bucket() -> None:
@@ -72,7 +72,8 @@ def _done(ledger: Ledger, session: str, server: str, method: str, name: str) -> 
     """A request of `session`'s answered now, through its tape (opened once)."""
     tape = next((t for t in ledger._tapes.values() if t.session == session), None)
     if tape is None:
-        tape = ledger.open_tape(session, lambda: CLIENT_FACTS)
+        tape = ledger.open_tape(session)
+        tape.said(*CLIENT_FACTS)
     tape.done((perf_counter(), server, method, name, 3), b"{}\n")
 
 
@@ -87,7 +88,8 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
         assert not path.exists()  # nothing written per call
         await trio.sleep(_ledger.FLUSH_INTERVAL * 1.5)
         assert path.exists() and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        tape = log.open_tape("s2", lambda: CLIENT_FACTS)
+        tape = log.open_tape("s2")
+        tape.said(*CLIENT_FACTS)
         tape.done(
             (perf_counter(), "fs", "prompts/get", "p", 1),
             b"",
@@ -95,16 +97,21 @@ async def test_the_audit_log_writes_records_in_batches_0600_and_reads_them_back(
         )
         nursery.cancel_scope.cancel()  # the end flushes what waits
     records = list(read_audit(path))
-    assert [(r.session, r.server, r.method, r.name) for r in records] == [
+    assert [(r.session.id, r.server, r.method, r.name) for r in records] == [
         ("s1", "git", "tools/call", "log"),
         ("s2", "fs", "prompts/get", "p"),
     ]
     first = json.loads(path.read_text().splitlines()[0])
     assert first["duration_ms"] >= 0 and first["outcome"] == "result" and first["bytes_out"] == 3
-    assert first["client"] == "codex-mcp-client" and first["folder"] == "/home/u/project"
+    assert first["session"] == {
+        "id": "s1",
+        "client": "codex-mcp-client",
+        "client_version": "0.171.0",
+        "folder": "/home/u/project",
+    }
     assert "code" not in first and json.loads(path.read_text().splitlines()[1])["code"] == -32602
     assert [r.server for r in read_audit(path, server="fs")] == ["fs"]
-    assert [r.session for r in read_audit(path, session="s1")] == ["s1"]
+    assert [r.session.id for r in read_audit(path, session="s1")] == ["s1"]
     assert list(read_audit(path, since=records[1].ts)) == records[1:]
 
 
@@ -129,7 +136,7 @@ async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
     log = AuditLog(path, max_bytes=400)
     for n in range(12):
         record = call_record("git", "tools/call", f"t{n}", n, n + 0.1, RESULT, None, 1, 1)
-        log.write(session_lines("s1", CLIENT_FACTS, [record]))
+        log.write(lines_of([record]))
     assert (tmp_path / "audit.jsonl.1").exists()
     names = [r.name for r in read_audit(path)]
     assert names == sorted(names, key=lambda s: int(s[1:]))  # oldest first, none twice
@@ -139,29 +146,22 @@ async def test_rotated_files_are_read_oldest_first(tmp_path: Path) -> None:
 _text = st.text(max_size=12)
 
 
-@given(_text, _text, _text, _text, _text, st.sampled_from(['{"ts":', '"ts":', "\n{"]))
-def test_a_sessions_fields_go_in_each_of_its_lines_whatever_they_say(
-    session: str, client: str, version: str, folder: str, name: str, trap: str
+@given(_text, _text, _text, _text, _text)
+def test_a_sessions_facts_go_in_each_of_its_lines_whatever_they_say(
+    session: str, client: str, version: str, folder: str, name: str
 ) -> None:
-    """The session's fields are put in by a bytes replace of each line's start: whatever any
-    field or name says (the very bytes replaced, included), each line reads back as its
-    record with its session's fields."""
-    records = [
-        call_record("git", "tools/call", name + trap, 1.0, 1.5, RESULT, None, 3, 4),
-        call_record(trap, "prompts/get", trap + name, 2.0, 2.25, ERROR, -32602, 1, 2),
-    ]
-    data = session_lines(session + trap, (client, version + trap, folder), records)
-    lines = data.splitlines()
+    """What a session said of itself is encoded once and copied into each of its lines: any
+    text reads back as it was said, with each line's own fields."""
+    tape = CallTape(session, lambda t: None, 1_700_000_000.0)
+    tape.said(client, version, folder)
+    tape.done((perf_counter(), "git", "tools/call", name, 3), b"{}\n")
+    tape.done((perf_counter(), name, "prompts/get", name, 1), b"", Raw(b'{"code":-1,"message":""}'))
+    lines = lines_of(tape.records).splitlines()
     assert len(lines) == 2
-    decoded = [msgspec.json.decode(line, type=AuditLine) for line in lines]
-    for got, record in zip(decoded, records, strict=True):
-        assert (got.session, got.client, got.client_version, got.folder) == (
-            session + trap,
-            client,
-            version + trap,
-            folder,
-        )
-        assert msgspec.structs.astuple(got)[:9] == msgspec.structs.astuple(record)
+    for line, record in zip(lines, tape.records, strict=True):
+        got = msgspec.json.decode(line, type=AuditLine)
+        assert got.session == SessionFacts(session, client, version, folder)
+        assert msgspec.structs.astuple(got)[1:] == msgspec.structs.astuple(record)[1:]
 
 
 _edge_durations = st.one_of(

@@ -68,9 +68,12 @@ async def test_each_call_is_audited_counted_and_no_argument_is_written(
         ("resources/read", "fake://readme", "result"),
     ]
     first = records[0]
-    assert (first["session"], first["server"]) == (sid, "up")
-    assert (first["client"], first["client_version"]) == ("ledger-test", "7.1")
-    assert first["folder"] == str(d.root)
+    assert (first["session"]["id"], first["server"]) == (sid, "up")
+    assert (first["session"]["client"], first["session"]["client_version"]) == (
+        "ledger-test",
+        "7.1",
+    )
+    assert first["session"]["folder"] == str(d.root)
     assert first["bytes_in"] > 0 and first["bytes_out"] > len(secret)
     up = stats["servers"]["up"]
     assert (up["calls"], up["errors"]) == (4, 1), stats

@@ -30,12 +30,7 @@ from mcpool.session._observe import (
 
 
 def _tape(full: list[CallTape] | None = None) -> CallTape:
-    return CallTape(
-        "s1",
-        lambda: ("c", "1", ""),
-        (full.append if full is not None else lambda tape: None),
-        1_700_000_000.0,
-    )
+    return CallTape("s1", (full.append if full is not None else lambda tape: None), 1_700_000_000.0)
 
 
 class _Link:
