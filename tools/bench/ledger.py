@@ -93,7 +93,10 @@ def shares(per_call: dict[str, float]) -> tuple[float, float]:
 
 def report(kind: str, unit: str, per_call: dict[str, float], extra: list[list[str]]) -> None:
     ledger_share, stats_share = shares(per_call)
-    rows = [[name, f"{value:,.1f}", *cells] for (name, value), cells in zip(per_call.items(), extra)]
+    rows = [
+        [name, f"{value:,.1f}", *cells]
+        for (name, value), cells in zip(per_call.items(), extra, strict=True)
+    ]
     print(table(["daemon", unit, *(["range over rounds"] if extra[0] else [])], rows))
     verdict = "meets" if stats_share <= TARGET_SHARE else "misses"
     print(
@@ -168,9 +171,7 @@ def main() -> None:
     base = statistics.median(rounds[NO_LEDGER])
     per_call = {
         name: base
-        * statistics.median(
-            v / b for v, b in zip(values, rounds[NO_LEDGER], strict=True)
-        )
+        * statistics.median(v / b for v, b in zip(values, rounds[NO_LEDGER], strict=True))
         for name, values in rounds.items()
     }
     extra = [[f"{min(v):.1f}-{max(v):.1f}"] for v in rounds.values()]
