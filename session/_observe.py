@@ -34,6 +34,10 @@ ERROR: Final = "error"  # a JSON-RPC error (the code says which)
 
 # A tape this long asks its ledger to drain it now (about 40 KB of audit lines).
 FLUSH_RECORDS: Final = 256
+# What a session's lines say of it is cut to this many characters a field: the client's name and
+# version are the client's to say, and each of its lines repeats them.
+MAX_FACT_CHARS: Final = 256
+MAX_FOLDER_CHARS: Final = 4096
 
 
 # What an observed request is watched with, made as it is sent: when it started (a
@@ -104,8 +108,14 @@ class CallTape:
         self.said("", "", "")
 
     def said(self, client: str, version: str, folder: str) -> None:
-        """What the session's lines say of it from now on (encoded once, here)."""
-        self.facts = Raw(_encoder.encode(SessionFacts(self.session, client, version, folder)))
+        """What the session's lines say of it from now on (encoded once, here, and bounded)."""
+        facts = SessionFacts(
+            self.session,
+            client[:MAX_FACT_CHARS],
+            version[:MAX_FACT_CHARS],
+            folder[:MAX_FOLDER_CHARS],
+        )
+        self.facts = Raw(_encoder.encode(facts))
 
     def done(
         self, watch: Watch, line: bytes, error: Raw | UnsetType = UNSET, bytes_in: int = -1

@@ -20,10 +20,13 @@ from mcpool.session._link import SessionPhase
 from mcpool.session._observe import (
     ERROR,
     FLUSH_RECORDS,
+    MAX_FACT_CHARS,
+    MAX_FOLDER_CHARS,
     RESULT,
     TOOL_ERROR,
     CallRecord,
     CallTape,
+    SessionFacts,
     Watch,
     tool_error_in,
 )
@@ -131,3 +134,11 @@ def test_a_full_tape_tells_its_ledger() -> None:
     assert not full
     tape.done((perf_counter(), "git", "tools/call", "log", 5), b"{}\n")
     assert full == [tape]
+
+
+def test_what_a_client_says_of_itself_is_bounded() -> None:
+    tape = _tape()
+    tape.said("c" * 100_000, "v" * 100_000, "/f" * 100_000)
+    facts = msgspec.json.decode(bytes(tape.facts), type=SessionFacts)
+    assert (len(facts.client), len(facts.client_version)) == (MAX_FACT_CHARS, MAX_FACT_CHARS)
+    assert len(facts.folder) == MAX_FOLDER_CHARS and facts.id == "s1"
