@@ -134,6 +134,21 @@ def instructions_during(pid: int, out_dir: str, name: str, run: Callable[[], Non
     raise RuntimeError(f"no totals in {dumps[-1]}")
 
 
+def daemon_instructions_per_call(
+    daemon: Daemon, conn: Any, out_dir: str, dump: str, calls: int
+) -> float:
+    """Instructions per f__echo call of a daemon under callgrind, after a warm-up."""
+    for i in range(CALLGRIND_WARMUP):
+        conn.call(_msg("f__echo", i))
+    n = instructions_during(
+        daemon.proc.pid,
+        out_dir,
+        dump,
+        lambda: [conn.call(_msg("f__echo", i)) for i in range(calls)] and None,
+    )
+    return n / calls
+
+
 def callgrind_main(args: argparse.Namespace) -> None:
     out_dir = tempfile.mkdtemp(prefix="mcpool-callgrind-")
     results: dict[str, float] = {}
@@ -168,15 +183,7 @@ def callgrind_main(args: argparse.Namespace) -> None:
         try:
             sock, conn = daemon.connect()
             conn.handshake_and_list()
-            for i in range(CALLGRIND_WARMUP):
-                conn.call(_msg("f__echo", i))
-            n = instructions_during(
-                daemon.proc.pid,
-                out_dir,
-                dump,
-                lambda c=conn: [c.call(_msg("f__echo", i)) for i in range(args.calls)] and None,
-            )
-            results[name] = n / args.calls
+            results[name] = daemon_instructions_per_call(daemon, conn, out_dir, dump, args.calls)
             sock.close()
         finally:
             daemon.stop()

@@ -33,8 +33,8 @@ from cpu import (
     WARMUP,
     _msg,
     callgrind_wrapper,
+    daemon_instructions_per_call,
     export_revision,
-    instructions_during,
     measure,
 )
 
@@ -115,15 +115,7 @@ def callgrind_main(args: argparse.Namespace) -> None:
             export_variant(args.rev, patches), callgrind_wrapper(out_dir, dump)
         )
         try:
-            for i in range(CALLGRIND_WARMUP):
-                conn.call(_msg("f__echo", i))
-            count = instructions_during(
-                daemon.proc.pid,
-                out_dir,
-                dump,
-                lambda c=conn: [c.call(_msg("f__echo", i)) for i in range(args.calls)] and None,
-            )
-            per_call[name] = count / args.calls
+            per_call[name] = daemon_instructions_per_call(daemon, conn, out_dir, dump, args.calls)
             sock.close()
         finally:
             daemon.stop()
