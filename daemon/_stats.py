@@ -143,6 +143,8 @@ class Stats:
         """Count a batch of one session's answered requests (the ledger's, about once a
         second): grouped by tool in one pass, each group summed once for its tool and its
         server (`_Batch`)."""
+        if not records:
+            return
         self.sessions[session] = self.sessions.get(session, 0) + len(records)
         keys = [(r.server, r.method, r.name) for r in records]
         groups: dict[tuple[str, str, str], list[CallRecord[Any]]]

@@ -56,9 +56,7 @@ class FlightHost(Protocol):
 
     def fault(self, where: str, exc: BaseException) -> None: ...
 
-    def observe(
-        self, watch: Watch, error: Raw | UnsetType, line: bytes, bytes_in: int = -1
-    ) -> None: ...
+    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None: ...
 
 
 class _InFlight(msgspec.Struct, eq=False):

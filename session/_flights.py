@@ -738,17 +738,18 @@ class Flights:
             return
         relay.upstream.respond_raw(relay.upstream_id, msg.result, msg.error)
         if relay.watch is not None:
+            # The bytes from the client are its answer's, known only now.
             answer = msg.error if msg.error is not UNSET else msg.result
-            self.observe(relay.watch, msg.error, b"", len(answer) if answer is not UNSET else 0)
+            started, server, method, name, _ = relay.watch
+            size = len(answer) if answer is not UNSET else 0
+            self.observe((started, server, method, name, size), msg.error, b"")
 
-    def observe(
-        self, watch: Watch, error: Raw | UnsetType, line: bytes, bytes_in: int = -1
-    ) -> None:
+    def observe(self, watch: Watch, error: Raw | UnsetType, line: bytes) -> None:
         """An observed request was answered (`line` went to the client; `error`: the error it
         carried, if any): it goes on the tape. Never fails the session: the answer is out."""
         try:
             if self.tape is not None:  # (none once the session closed)
-                self.tape.done(watch, line, error, bytes_in)
+                self.tape.done(watch, line, error)
         except Exception as exc:
             self._log(f"the daemon's ledger failed on a {watch[2]}: {exc!r}", "error")
 

@@ -104,7 +104,6 @@ class CallTape:
         # time.time() - perf_counter() at the ledger's last drain (at most a second or so ago):
         # a record's start is read on the fast clock and told as the Unix time with it.
         self.wall_offset = wall_offset
-        self.facts = Raw(b"")
         self.said("", "", "")
 
     def said(self, client: str, version: str, folder: str) -> None:
@@ -117,12 +116,9 @@ class CallTape:
         )
         self.facts = Raw(_encoder.encode(facts))
 
-    def done(
-        self, watch: Watch, line: bytes, error: Raw | UnsetType = UNSET, bytes_in: int = -1
-    ) -> None:
+    def done(self, watch: Watch, line: bytes, error: Raw | UnsetType = UNSET) -> None:
         """`watch`'s request was answered: `line` went to the client (b"" for a server's
-        request, whose answer went to the server), `error` is the error it carried, if any;
-        `bytes_in`, when known only now (a server request's answer), the bytes from the client."""
+        request, whose answer went to the server), `error` is the error it carried, if any."""
         started, server, method, name, sent = watch
         code: int | UnsetType = UNSET
         outcome: OutcomeName = RESULT
@@ -141,7 +137,7 @@ class CallTape:
                 server,
                 method,
                 name,
-                sent if bytes_in < 0 else bytes_in,
+                sent,
                 (perf_counter() - started) * 1000.0,
                 outcome,
                 len(line),

@@ -128,6 +128,7 @@ class FakeUpstream:
         self.sent: list[tuple[int, str, Any]] = []
         self.cancelled: list[tuple[int, str]] = []
         self.refused: list[tuple[Any, int, str]] = []  # server requests answered with an error
+        self.answered: list[tuple[Any, Any, Any]] = []  # server requests the client answered
         self.notifications: list[tuple[str, Any]] = []
         self._pending: dict[int, Callable[[Message], None]] = {}
         self._settled = trio.Event()
@@ -242,6 +243,9 @@ class FakeUpstream:
 
     def respond_error(self, msg_id: Any, code: int, message: str, data: Any = UNSET) -> None:
         self.refused.append((msg_id, code, message))
+
+    def respond_raw(self, msg_id: Any, result: Any, error: Any) -> None:
+        self.answered.append((msg_id, result, error))
 
     def list_changed(self, kind: str = "tools") -> None:
         self.events.on_notification(f"notifications/{kind}/list_changed", UNSET)

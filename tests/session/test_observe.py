@@ -8,13 +8,16 @@ from time import perf_counter
 from typing import Any
 
 import msgspec
-from fakes import BytesWriter
+import trio
+import trio.testing
+from fakes import BytesWriter, FakeNet, FakeServer, FakeWriter, desired, make_pool, stdio, tool
 from hypothesis import example, given
 from hypothesis import strategies as st
 from msgspec import UNSET, Raw, structs
 
 from mcpool.pool._turns import Turns
 from mcpool.protocol import Message
+from mcpool.session import Session
 from mcpool.session._flight import _InFlight
 from mcpool.session._link import SessionPhase
 from mcpool.session._observe import (
@@ -117,7 +120,7 @@ def test_an_error_is_recorded_with_its_code_and_a_server_request_with_its_answer
         Raw(b'{"code":-32602,"message":"bad"}'),
     )
     tape.done((perf_counter(), "git", "tools/call", "log", 5), b"{}\n", Raw(b'"no code"'))
-    tape.done((perf_counter(), "git", "sampling/createMessage", "", 0), b"", UNSET, 40)
+    tape.done((perf_counter(), "git", "sampling/createMessage", "", 40), b"")
     bad, odd, asked = tape.records
     assert (bad.outcome, bad.code) == (ERROR, -32602)
     assert (odd.outcome, odd.code) == (ERROR, UNSET)
@@ -142,3 +145,77 @@ def test_what_a_client_says_of_itself_is_bounded() -> None:
     facts = msgspec.json.decode(bytes(tape.facts), type=SessionFacts)
     assert (len(facts.client), len(facts.client_version)) == (MAX_FACT_CHARS, MAX_FACT_CHARS)
     assert len(facts.folder) == MAX_FOLDER_CHARS and facts.id == "s1"
+
+
+# -- a session's records, through a real session over a fake pool ----------------------------
+
+
+class _Ledger:
+    """The daemon's ledger as a session meets it (`CallObserver`): tapes, kept to be read."""
+
+    def __init__(self) -> None:
+        self.tapes: list[CallTape] = []
+        self.closed: list[CallTape] = []
+
+    def open_tape(self, session: str) -> CallTape:
+        self.tapes.append(CallTape(session, lambda tape: None, 0.0))
+        return self.tapes[-1]
+
+    def close_tape(self, tape: CallTape) -> None:
+        self.closed.append(tape)
+
+
+def _send(session: Session, obj: dict[str, Any]) -> None:
+    session.handle_line(json.dumps(obj).encode())
+
+
+async def test_a_session_records_its_calls_and_its_servers_requests(
+    nursery: trio.Nursery,
+) -> None:
+    """A call is recorded with its tool and the bytes each way; a server's request with the
+    client's answer's bytes as what came in (known only when it answers) and its facts."""
+    net = FakeNet(srv=FakeServer(tools=[tool("t")]))
+    pool = make_pool(nursery, net)
+    out = FakeWriter()
+    ledger = _Ledger()
+    session = Session("s1", name="s1", cwd="/work", pool=pool, out=out, observer=ledger)
+    nursery.start_soon(session.run_notifier)
+    await session.apply_settings({"srv": desired("srv", stdio("srv"))}, 1)
+    caps = {"sampling": {}}
+    info = {"name": "codex-mcp-client", "version": "0.171.0"}
+    params = {"protocolVersion": "2025-06-18", "capabilities": caps, "clientInfo": info}
+    _send(session, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+    _send(session, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await trio.testing.wait_all_tasks_blocked()
+    _send(
+        session,
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "srv__t"}},
+    )
+    up = net.servers["srv"].current
+    [(uid, _, _)] = [s for s in up.sent if s[1] == "tools/call"]
+    ask = Message(
+        jsonrpc="2.0", id="ask", method="sampling/createMessage", params=Raw(b'{"messages":[]}')
+    )
+    up.events.on_server_request(up, ask)  # type: ignore[attr-defined]  (the call's: in flight)
+    up.reply(uid, {"content": []})
+    await trio.testing.wait_all_tasks_blocked()
+    [asked] = [f for f in out.frames if f.get("method") == "sampling/createMessage"]
+    answer = {"role": "assistant", "content": {"type": "text", "text": "hi"}, "model": "m"}
+    _send(session, {"jsonrpc": "2.0", "id": asked["id"], "result": answer})
+    await trio.testing.wait_all_tasks_blocked()
+    assert [msg_id for msg_id, _, _ in up.answered] == ["ask"]
+    [tape] = ledger.tapes
+    called, sampled = tape.records
+    assert (called.server, called.method, called.name, called.outcome) == (
+        "srv",
+        "tools/call",
+        "t",
+        RESULT,
+    )
+    assert called.bytes_in > 0 and called.bytes_out > 0
+    assert (sampled.server, sampled.method, sampled.name) == ("srv", "sampling/createMessage", "")
+    assert sampled.bytes_in == len(json.dumps(answer)) and sampled.bytes_out == 0  # as sent
+    facts = msgspec.json.decode(bytes(sampled.session), type=SessionFacts)
+    assert facts == SessionFacts("s1", "codex-mcp-client", "0.171.0", "/work")
+    session.close("done")
+    assert ledger.closed == [tape]
